@@ -1,0 +1,196 @@
+"""The on-disk contract between the trainer and the service.
+
+An artifact is a directory of plain files (no pickles):
+
+    manifest.json        format version, model version and the sha256 of every other file
+    config.json          {"model": ModelConfig, "inference": InferenceConfig, "train": ..., "dataset": ...}
+    levels.npy           (p,) float64 rating levels
+    user_ids.json        external user ids, position = user_idx
+    item_ids.json        external item ids, position = item_idx
+    train_ratings.npz    rows, cols (int64), values (float64): the known ratings
+    user_embeddings.npy  (n, d) float32
+    item_embeddings.npy  (m, d) float32
+    bilinear.npy         (p, d, d) float32 decoder weights
+    weights.pt           torch state dict (load with weights_only=True)
+    row_branch.onnx, col_branch.onnx, decoder.onnx   (when exported)
+    metrics.json         training metrics
+
+It is written into a temporary sibling directory and renamed into place, so a crash never leaves a
+half-written artifact; loading verifies every checksum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model.config import ConfigError, InferenceConfig, ModelConfig
+from model.engine import ScoringModel
+from model.ids import IdMap
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ArtifactError(Exception):
+    """An artifact is missing, incomplete, tampered with or of an unknown format."""
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextmanager
+def artifact_writer(out: Path) -> Iterator[Path]:
+    """Yield a temporary directory to fill; on success add the manifest and rename it to `out`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        write_manifest(tmp)
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_manifest(directory: Path) -> dict[str, Any]:
+    """Hash every file of `directory` into manifest.json; returns the manifest."""
+    files = {
+        p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST
+    }
+    version = hashlib.sha256("".join(f"{k}:{v};" for k, v in files.items()).encode()).hexdigest()[:12]
+    manifest = {"format_version": FORMAT_VERSION, "model_version": version, "files": files}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def verify(directory: Path) -> dict[str, Any]:
+    """Check that every file listed in the manifest is present and unmodified; returns the manifest."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ArtifactError(f"artifact directory {directory} does not exist")
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise ArtifactError(f"{manifest_path} is missing: not a DCMC artifact, or an unfinished one")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+        fmt = manifest["format_version"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ArtifactError(f"{manifest_path} is not a valid manifest: {exc}") from None
+    if fmt != FORMAT_VERSION:
+        raise ArtifactError(f"{directory}: artifact format {fmt}, this code reads {FORMAT_VERSION}")
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise ArtifactError(f"{path} is listed in the manifest but missing")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ArtifactError(
+                f"{path} fails its checksum (manifest {expected[:12]}..., file {actual[:12]}...): "
+                "the artifact was modified or truncated; retrain or restore it"
+            )
+    return manifest
+
+
+@dataclass
+class Artifact:
+    """A verified artifact loaded into numpy arrays."""
+
+    path: Path
+    model_version: str
+    config: ModelConfig
+    inference: InferenceConfig
+    meta: dict[str, Any]
+    users: IdMap
+    items: IdMap
+    train_rows: np.ndarray
+    train_cols: np.ndarray
+    train_values: np.ndarray
+    user_embeddings: np.ndarray
+    item_embeddings: np.ndarray
+    bilinear: np.ndarray
+
+    @property
+    def levels(self) -> np.ndarray:
+        """Rating levels, (p,) float64."""
+        return np.asarray(self.config.levels, dtype=np.float64)
+
+    def scoring_model(self) -> ScoringModel:
+        """A ScoringModel over the stored embeddings and known ratings."""
+        return ScoringModel(
+            config=self.config,
+            user_emb=self.user_embeddings.astype(np.float64),
+            item_emb=self.item_embeddings.astype(np.float64),
+            bilinear=self.bilinear.astype(np.float64),
+            known_rows=self.train_rows,
+            known_cols=self.train_cols,
+        )
+
+
+def load_artifact(directory: str | Path) -> Artifact:
+    """Verify checksums and load an artifact; raises ArtifactError with a clear message."""
+    directory = Path(directory)
+    manifest = verify(directory)
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        model_config = ModelConfig.from_dict(config["model"])
+        inference = InferenceConfig.from_dict(config.get("inference", {}))
+        users = IdMap("user", json.loads((directory / "user_ids.json").read_text()))
+        items = IdMap("item", json.loads((directory / "item_ids.json").read_text()))
+        with np.load(directory / "train_ratings.npz", allow_pickle=False) as z:
+            rows, cols, values = z["rows"], z["cols"], z["values"]
+        user_emb = np.load(directory / "user_embeddings.npy", allow_pickle=False)
+        item_emb = np.load(directory / "item_embeddings.npy", allow_pickle=False)
+        bilinear = np.load(directory / "bilinear.npy", allow_pickle=False)
+    except (OSError, KeyError, ValueError, ConfigError) as exc:
+        raise ArtifactError(f"{directory}: cannot read artifact: {exc}") from None
+    d, p = model_config.embedding_dim, model_config.n_levels
+    expected = {
+        "user_embeddings.npy": (user_emb.shape, (len(users), d)),
+        "item_embeddings.npy": (item_emb.shape, (len(items), d)),
+        "bilinear.npy": (bilinear.shape, (p, d, d)),
+    }
+    for name, (got, want) in expected.items():
+        if tuple(got) != want:
+            raise ArtifactError(f"{directory / name}: shape {tuple(got)}, config says {want}")
+    if len(users) != model_config.n_users or len(items) != model_config.n_items:
+        raise ArtifactError(f"{directory}: id maps do not match the configured matrix size")
+    return Artifact(
+        path=directory,
+        model_version=manifest["model_version"],
+        config=model_config,
+        inference=inference,
+        meta={k: v for k, v in config.items() if k not in ("model", "inference")},
+        users=users,
+        items=items,
+        train_rows=rows.astype(np.int64),
+        train_cols=cols.astype(np.int64),
+        train_values=values.astype(np.float64),
+        user_embeddings=user_emb,
+        item_embeddings=item_emb,
+        bilinear=bilinear,
+    )

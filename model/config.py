@@ -1,0 +1,116 @@
+"""Typed, torch-free configuration of the DCMC model and of its test-time inference.
+
+Every field defaults to the value given in the paper ("Experiments: Hyperparameters Selection").
+An artifact stores these next to the weights, so the weights and the architecture cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+InferenceMode = Literal["paper", "none"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range or unknown."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture and mean-field hyperparameters of one DCMC model."""
+
+    n_users: int
+    """Rows of the rating matrix (input width of the column branch)."""
+    n_items: int
+    """Columns of the rating matrix (input width of the row branch)."""
+    levels: tuple[float, ...]
+    """The p rating levels L_1 < ... < L_p, taken from the training data."""
+    hidden: tuple[int, ...] = (512, 128)
+    """Units of the FC+BatchNorm layers of each branch; the last one is the embedding size d."""
+    dropout: float = 0.75
+    """Dropout after every hidden layer except the last (paper: 0.75)."""
+    gamma: float = 0.05
+    """Weight of the pairwise term against the unary term (paper: 0.05)."""
+    mf_layers: int = 5
+    """Number T of unfolded mean-field layers (paper: 5)."""
+    tau: float = 12.0
+    """Truncation threshold of the quadratic label compatibility (paper: 12, YahooMusic 100)."""
+
+    def __post_init__(self) -> None:
+        if self.n_users < 1 or self.n_items < 1:
+            raise ConfigError(f"n_users and n_items must be positive, got {self.n_users} x {self.n_items}")
+        if len(self.levels) < 2:
+            raise ConfigError(f"need at least 2 rating levels, got {list(self.levels)}")
+        if list(self.levels) != sorted(set(self.levels)):
+            raise ConfigError("levels must be strictly increasing")
+        if not self.hidden or any(h < 1 for h in self.hidden):
+            raise ConfigError(f"hidden sizes must be positive, got {list(self.hidden)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.gamma < 0 or self.mf_layers < 0 or self.tau <= 0:
+            raise ConfigError("gamma and mf_layers must be >= 0 and tau > 0")
+
+    @property
+    def embedding_dim(self) -> int:
+        """Size d of the user and item embeddings."""
+        return self.hidden[-1]
+
+    @property
+    def n_levels(self) -> int:
+        """Number p of rating levels."""
+        return len(self.levels)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        d = asdict(self)
+        d["levels"] = list(self.levels)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Inverse of `to_dict`; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        d = dict(d)
+        d["levels"] = tuple(float(x) for x in d["levels"])
+        d["hidden"] = tuple(int(x) for x in d.get("hidden", (512, 128)))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """Test-time procedure: CRFs over random row x column subsets, averaged over repeats."""
+
+    mode: InferenceMode = "paper"
+    """`paper`: mean-field over random subsets of known + queried entries; `none`: base network only."""
+    subset_rows: int = 32
+    """Rows per random subset."""
+    subset_cols: int = 64
+    """Columns per random subset."""
+    repeats: int = 10
+    """Number R of random partitions whose predictions are averaged."""
+    seed: int = 0
+    """Seed of the random partitions."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("paper", "none"):
+            raise ConfigError(f"unknown inference mode {self.mode!r}; choose 'paper' or 'none'")
+        if self.subset_rows < 1 or self.subset_cols < 1 or self.repeats < 1:
+            raise ConfigError("subset_rows, subset_cols and repeats must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> InferenceConfig:
+        """Inverse of `to_dict`."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown InferenceConfig fields: {sorted(unknown)}")
+        return cls(**d)

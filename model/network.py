@@ -1,0 +1,118 @@
+"""The DCMC network in torch: base prediction network plus unfolded mean-field layers.
+
+This is the only module of `model/` that imports torch (training and ONNX export).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import ModelConfig
+
+
+def _branch(in_dim: int, hidden: tuple[int, ...], dropout: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for k, width in enumerate(hidden):
+        layers += [nn.Linear(in_dim, width), nn.BatchNorm1d(width)]
+        if k < len(hidden) - 1:  # ReLU + dropout on all but the last layer
+            layers += [nn.ReLU(), nn.Dropout(dropout)]
+        in_dim = width
+    return nn.Sequential(*layers)
+
+
+def compatibility_matrix(levels: torch.Tensor, tau: float) -> torch.Tensor:
+    """C[u, v] = min((L_u - L_v)^2, tau): the truncated quadratic label compatibility."""
+    diff = levels[:, None] - levels[None, :]
+    return torch.clamp(diff * diff, max=tau)
+
+
+def scaled_cosine(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(1 + cos(x_a, y_b)) / 2 for every pair of rows: a similarity in [0, 1]."""
+    xn = F.normalize(x, dim=-1)
+    yn = F.normalize(y, dim=-1)
+    return (1.0 + xn @ yn.T) / 2.0
+
+
+def mean_field(
+    log_p: torch.Tensor, sim: torch.Tensor, compat: torch.Tensor, gamma: float, layers: int
+) -> torch.Tensor:
+    """Run `layers` unfolded mean-field iterations and return the final log-probabilities.
+
+    log_p: (K, p) log label probabilities of the base network (unary = -log_p);
+    sim: (K, K) entry similarities; compat: (p, p) label compatibilities.
+    """
+    unary = -log_p  # (K, p)
+    log_q = log_p
+    for _ in range(layers):
+        q_prime = log_q.exp() @ compat.T  # (K, p) compatibility transform
+        messages = sim @ q_prime  # (K, p) message passing
+        log_q = torch.log_softmax(-(unary + gamma * messages), dim=-1)
+    return log_q
+
+
+class DCMC(nn.Module):
+    """Deep CRF for matrix completion (Nguyen et al.).
+
+    Base prediction network: a row branch maps a user's rating row M^r_i (length m, missing = 0) to an
+    embedding U_i in R^d, and a column branch maps an item's column M^c_j (length n) to V_j. Each branch is
+    FC+BatchNorm layers with ReLU and dropout on all but the last. A bilinear decoder scores each level,
+    G_ij^u = U_i^T B^u V_j, and P(M_ij = L_u) = softmax_u(G_ij).
+
+    Entry similarity: s(i1 j1, i2 j2) = s_r(i1, i2) s_c(j1, j2) with s_r, s_c the cosine similarities of
+    the embeddings linearly scaled to [0, 1].
+
+    CRF: unary Phi_k(u) = -ln P_k(u); pairwise Psi = gamma s(k, l) mu(u, v) with
+    mu(u, v) = min((L_u - L_v)^2, tau). Each of the T mean-field layers computes
+    Q' = Q C^T (compatibility transform), Q'' = S Q' (message passing) and
+    Q = softmax(-(Phi + gamma Q'')). Training minimises the cross-entropy of the last layer plus
+    beta times the MSE between S and exp(-(M_k - M_l)^2 / sigma^2) over pairs of observed entries.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.embedding_dim
+        self.row_branch = _branch(config.n_items, config.hidden, config.dropout)
+        self.col_branch = _branch(config.n_users, config.hidden, config.dropout)
+        self.bilinear = nn.Parameter(torch.randn(config.n_levels, d, d) / d)  # (p, d, d)
+        levels = torch.tensor(config.levels, dtype=torch.float32)
+        self.register_buffer("levels", levels, persistent=False)
+        self.register_buffer("compat", compatibility_matrix(levels, config.tau), persistent=False)
+
+    def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """User embeddings from rating rows: (b, m) -> (b, d)."""
+        return self.row_branch(rows)
+
+    def embed_cols(self, cols: torch.Tensor) -> torch.Tensor:
+        """Item embeddings from rating columns: (b, n) -> (b, d)."""
+        return self.col_branch(cols)
+
+    def scores(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Bilinear scores of paired embeddings: (K, d), (K, d) -> (K, p)."""
+        return torch.einsum("kd,pde,ke->kp", u, self.bilinear, v)
+
+    def forward(
+        self,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        node_rows: torch.Tensor,
+        node_cols: torch.Tensor,
+        mf_layers: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Score the K entries (node_rows[k], node_cols[k]) of a batch.
+
+        rows: (br, m) rating rows; cols: (bc, n) rating columns; node_rows / node_cols: (K,) indices into
+        the batch. Returns (base log-probabilities (K, p), final log-probabilities after the mean-field
+        layers (K, p), entry similarities (K, K)).
+        """
+        u = self.embed_rows(rows)  # (br, d)
+        v = self.embed_cols(cols)  # (bc, d)
+        log_p = torch.log_softmax(self.scores(u[node_rows], v[node_cols]), dim=-1)  # (K, p)
+        s_r = scaled_cosine(u, u)  # (br, br)
+        s_c = scaled_cosine(v, v)  # (bc, bc)
+        sim = s_r[node_rows][:, node_rows] * s_c[node_cols][:, node_cols]  # (K, K)
+        layers = self.config.mf_layers if mf_layers is None else mf_layers
+        log_q = mean_field(log_p, sim, self.compat, self.config.gamma, layers)
+        return log_p, log_q, sim

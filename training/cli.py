@@ -1,0 +1,155 @@
+"""The `dcmc` command: train, evaluate, data download, serve.
+
+Heavy imports (torch, the service) happen inside the subcommands, so `dcmc serve` works in the slim
+serving image that has no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from model.artifact import ArtifactError
+from model.config import ConfigError
+from model.ids import UnknownIdError
+
+from training.data import DataError
+from training.errors import ExportError, TrainingError
+
+DATASET_CHOICES = ("ml-100k", "douban", "flixster", "yahoo_music", "epinions", "csv")
+
+
+def _settings(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from training.pipeline import run_training
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # set by torchrun
+    if distributed:
+        dist.init_process_group("gloo")
+        torch.set_num_threads(args.threads or 1)
+    try:
+        metrics = run_training(
+            args.dataset, args.data_dir, args.out, split=args.split, split_seed=args.split_seed,
+            preset_name=args.preset, epochs=args.epochs, seed=args.seed, settings=_settings(args.set),
+            checkpoint_dir=args.checkpoint_dir, resume=args.resume, progress=not args.no_progress,
+        )
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+    if not distributed or int(os.environ.get("RANK", "0")) == 0:
+        summary = {k: v for k, v in metrics.items() if k != "history"}
+        print(json.dumps({"artifacts": str(args.out), **summary}))
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from training.evaluate import evaluate
+
+    overrides = {}
+    if args.repeats is not None:
+        overrides["repeats"] = args.repeats
+    if args.subset_rows is not None:
+        overrides["subset_rows"] = args.subset_rows
+    if args.subset_cols is not None:
+        overrides["subset_cols"] = args.subset_cols
+    result = evaluate(args.artifacts, args.data_dir, mode=args.inference, seed=args.seed, overrides=overrides)
+    print(json.dumps(result))
+    return 0
+
+
+def _cmd_download(args: argparse.Namespace) -> int:
+    from training.download import download
+
+    path = download(args.name, Path(args.to))
+    print(f"{args.name}: ready in {path}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    # The service is a separate program (it shares only the artifact with training): hand over to it.
+    argv = [sys.executable, "-m", "service", "--artifacts", str(args.artifacts), "--host", args.host,
+            "--port", str(args.port), "--workers", str(args.workers)]
+    os.execv(sys.executable, argv)
+    return 0  # pragma: no cover
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `dcmc`."""
+    parser = argparse.ArgumentParser(prog="dcmc", description="Deep CRF matrix completion: train, evaluate, serve.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model and write an artifact directory")
+    t.add_argument("--dataset", required=True, choices=DATASET_CHOICES)
+    t.add_argument("--data-dir", required=True, help="directory (or CSV file) holding the data")
+    t.add_argument("--out", required=True, help="artifact directory to write")
+    t.add_argument("--split", default="u1", help="ml-100k: u1..u5 or random (default u1)")
+    t.add_argument("--split-seed", type=int, default=0, help="seed of random train/val/test splits")
+    t.add_argument("--preset", default="default", choices=("default", "paper", "tiny"))
+    t.add_argument("--epochs", type=int, help="override the preset's number of epochs")
+    t.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout (default 0)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a ModelConfig/TrainConfig field, e.g. --set gamma=0.01 (repeatable)")
+    t.add_argument("--checkpoint-dir", help="where checkpoints go (default: OUT.ckpt beside OUT)")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    t.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("evaluate", help="RMSE/MAE of an artifact on its test split (one JSON line)")
+    e.add_argument("--artifacts", required=True)
+    e.add_argument("--data-dir", required=True)
+    e.add_argument("--inference", choices=("paper", "none"), help="default: the artifact's setting")
+    e.add_argument("--seed", type=int, help="seed of the random subsets")
+    e.add_argument("--repeats", type=int, help="number of random partitions averaged")
+    e.add_argument("--subset-rows", type=int)
+    e.add_argument("--subset-cols", type=int)
+    e.set_defaults(func=_cmd_evaluate)
+
+    d = sub.add_parser("data", help="dataset utilities")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    dl = dsub.add_parser("download", help="download a public dataset and verify its sha256")
+    dl.add_argument("name", choices=("ml-100k", "douban", "flixster", "yahoo_music", "epinions"))
+    dl.add_argument("--to", required=True, help="target directory")
+    dl.set_defaults(func=_cmd_download)
+
+    s = sub.add_parser("serve", help="serve an artifact over HTTP")
+    s.add_argument("--artifacts", required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--workers", type=int, default=1)
+    s.set_defaults(func=_cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `dcmc`; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except (DataError, ConfigError, ArtifactError, UnknownIdError, TrainingError, ExportError) as exc:
+        print(f"dcmc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Publish a trained model: ONNX export with a parity check, embeddings, id maps and the manifest."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.artifact import artifact_writer
+from model.config import InferenceConfig, ModelConfig
+from model.engine import OnnxNetwork
+from model.network import DCMC
+
+from training.data import Entries
+from training.errors import ExportError
+from training.trainer import RatingMatrix, embed_all
+
+log = logging.getLogger(__name__)
+
+PARITY_TOLERANCE = 1e-5
+
+
+class _Decoder(nn.Module):
+    """Bilinear decoder + softmax as a standalone graph."""
+
+    def __init__(self, model: DCMC) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model.scores(user, item), dim=-1)
+
+
+def export_onnx(model: DCMC, directory: Path) -> None:
+    """Write row_branch.onnx, col_branch.onnx and decoder.onnx with a dynamic batch axis."""
+    model.eval()
+    cfg = model.config
+    d = cfg.embedding_dim
+    graphs: list[tuple[str, nn.Module, tuple[torch.Tensor, ...], list[str]]] = [
+        ("row_branch.onnx", model.row_branch, (torch.zeros(2, cfg.n_items),), ["ratings"]),
+        ("col_branch.onnx", model.col_branch, (torch.zeros(2, cfg.n_users),), ["ratings"]),
+        ("decoder.onnx", _Decoder(model), (torch.zeros(2, d), torch.zeros(2, d)), ["user", "item"]),
+    ]
+    for name, module, args, inputs in graphs:
+        axes = {k: {0: "batch"} for k in [*inputs, "output"]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, args, str(directory / name), input_names=inputs, output_names=["output"],
+                dynamic_axes=axes, opset_version=17, dynamo=False,
+            )
+
+
+@torch.no_grad()
+def check_parity(model: DCMC, matrix: RatingMatrix, directory: Path, samples: int = 64, seed: int = 0) -> float:
+    """Compare ONNX Runtime with torch on real rows/columns; returns the largest absolute difference."""
+    model.eval()
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(matrix.n_users, size=min(samples, matrix.n_users), replace=False)
+    cols = rng.choice(matrix.n_items, size=min(samples, matrix.n_items), replace=False)
+    x_rows, x_cols = matrix.rows(rows), matrix.cols(cols)
+    onnx = OnnxNetwork(directory)
+    u_t, v_t = model.embed_rows(x_rows), model.embed_cols(x_cols)
+    k = min(len(rows), len(cols))
+    p_t = torch.softmax(model.scores(u_t[:k], v_t[:k]), dim=-1)
+    u_o, v_o = onnx.embed_users(x_rows.numpy()), onnx.embed_items(x_cols.numpy())
+    p_o = onnx.probabilities(u_t[:k].numpy(), v_t[:k].numpy())
+    worst = 0.0
+    for what, a, b in (("user embeddings", u_t, u_o), ("item embeddings", v_t, v_o), ("probabilities", p_t, p_o)):
+        scale = max(1.0, float(a.abs().max()))
+        diff = float(np.abs(a.numpy() - b).max()) / scale
+        worst = max(worst, diff)
+        if diff > PARITY_TOLERANCE:
+            raise ExportError(f"ONNX {what} differ from torch by {diff:.2e} (> {PARITY_TOLERANCE})")
+    return worst
+
+
+def write_artifact(
+    out: Path,
+    model: DCMC,
+    matrix: RatingMatrix,
+    train_entries: Entries,
+    *,
+    user_ids: list[str],
+    item_ids: list[str],
+    inference: InferenceConfig,
+    train_config: dict[str, Any],
+    dataset: dict[str, Any],
+    metrics: dict[str, Any],
+) -> Path:
+    """Write a complete artifact directory atomically; returns its path."""
+    model.eval()
+    cfg: ModelConfig = model.config
+    user_emb, item_emb = embed_all(model, matrix)
+    with artifact_writer(out) as tmp:
+        torch.save(model.state_dict(), tmp / "weights.pt")
+        config = {
+            "model": cfg.to_dict(),
+            "inference": inference.to_dict(),
+            "train": train_config,
+            "dataset": dataset,
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        np.save(tmp / "levels.npy", np.asarray(cfg.levels, dtype=np.float64))
+        (tmp / "user_ids.json").write_text(json.dumps(user_ids))
+        (tmp / "item_ids.json").write_text(json.dumps(item_ids))
+        np.savez(
+            tmp / "train_ratings.npz",
+            rows=train_entries.rows.astype(np.int64),
+            cols=train_entries.cols.astype(np.int64),
+            values=train_entries.values.astype(np.float64),
+        )
+        np.save(tmp / "user_embeddings.npy", user_emb.astype(np.float32))
+        np.save(tmp / "item_embeddings.npy", item_emb.astype(np.float32))
+        np.save(tmp / "bilinear.npy", model.bilinear.detach().numpy().astype(np.float32))
+        export_onnx(model, tmp)
+        metrics = {**metrics, "onnx_parity_max_abs_diff": check_parity(model, matrix, tmp)}
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    log.info("wrote artifact %s", out)
+    return out

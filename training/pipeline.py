@@ -1,0 +1,124 @@
+"""From a dataset name to a published artifact: the work behind `dcmc train`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from model.config import ConfigError, ModelConfig
+
+from training.config import TrainConfig, preset
+from training.data import carve_validation, load_dataset
+from training.export import write_artifact
+from training.trainer import train
+
+log = logging.getLogger(__name__)
+
+
+def split_overrides(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Route `key=value` overrides to ModelConfig or TrainConfig fields, converting types."""
+    model_fields = {f.name: f for f in fields(ModelConfig)}
+    train_fields = {f.name: f for f in fields(TrainConfig)}
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    for key, raw in settings.items():
+        if key in ("n_users", "n_items", "levels"):
+            raise ConfigError(f"{key} comes from the data and cannot be set")
+        target, known = (model, model_fields) if key in model_fields else (train, train_fields)
+        if key not in known:
+            raise ConfigError(f"unknown setting {key!r}; model: {sorted(model_fields)}, train: {sorted(train_fields)}")
+        target[key] = _convert(key, raw, str(known[key].type))
+    return model, train
+
+
+def _convert(key: str, raw: Any, type_name: str) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if type_name == "bool":
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1")
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        if type_name.startswith("tuple[int"):
+            return tuple(int(x) for x in raw.split(","))
+    except ValueError:
+        raise ConfigError(f"setting {key}={raw!r}: expected {type_name}") from None
+    return raw
+
+
+def run_training(
+    dataset: str,
+    data_dir: str | Path,
+    out: str | Path,
+    *,
+    split: str = "u1",
+    split_seed: int = 0,
+    preset_name: str = "default",
+    epochs: int | None = None,
+    seed: int | None = None,
+    settings: dict[str, Any] | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Load data, train, and (on rank 0) write the artifact; returns the training metrics."""
+    chosen = preset(dataset, preset_name)
+    model_over, train_over = split_overrides(settings or {})
+    if epochs is not None:
+        train_over["epochs"] = epochs
+    if seed is not None:
+        train_over["seed"] = seed
+    train_cfg = replace(chosen.train, **train_over)
+    data_seed = split_seed  # random splits stay fixed across training seeds
+    data = load_dataset(dataset, data_dir, split=split, seed=data_seed)
+    model_cfg = ModelConfig(
+        n_users=data.n_users, n_items=data.n_items, levels=tuple(float(x) for x in data.levels),
+        **{**chosen.model, **model_over},
+    )
+    if data.val is not None:
+        train_entries, val_entries = data.train, data.val
+    elif train_cfg.val_fraction > 0:
+        train_entries, val_entries = carve_validation(data.train, train_cfg.val_fraction, train_cfg.seed)
+    else:
+        train_entries, val_entries = data.train, None
+    log.info(
+        "%s: %d users x %d items, %d train / %d validation / %d test ratings, %d levels",
+        dataset, data.n_users, data.n_items, len(train_entries), len(val_entries or []), len(data.test),
+        model_cfg.n_levels,
+    )
+    out = Path(out)
+    ckpt = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{out.name}.ckpt"
+    t0 = time.perf_counter()
+    model, matrix, history = train(
+        model_cfg, train_cfg, train_entries, val_entries, checkpoint_dir=ckpt, resume=resume, progress=progress
+    )
+    seconds = time.perf_counter() - t0
+    last = history.epochs[-1] if history.epochs else {}
+    metrics = {
+        "train_seconds": round(seconds, 2),
+        "epochs": train_cfg.epochs,
+        "final_loss": last.get("loss"),
+        "val_rmse": last.get("val_rmse"),
+        "val_mae": last.get("val_mae"),
+        "n_train": len(train_entries),
+        "n_val": len(val_entries or []),
+        "history": history.epochs,
+    }
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        write_artifact(
+            out, model, matrix, train_entries,
+            user_ids=data.user_ids, item_ids=data.item_ids, inference=chosen.inference,
+            train_config={**train_cfg.to_dict(), "preset": preset_name},
+            dataset={"name": dataset, "split": split, "seed": data_seed},
+            metrics=metrics,
+        )
+    return metrics

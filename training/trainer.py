@@ -1,0 +1,258 @@
+"""Training loop: block mini-batches, cross-entropy + similarity loss, checkpoints, DDP.
+
+A mini-batch is a block of sampled rows x sampled columns. Its CRF nodes are the block's observed
+entries; the network sees the full rating rows and columns of the sampled users and items (missing = 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from model.config import ModelConfig
+from model.network import DCMC
+
+from training.data import Entries
+from training.errors import TrainingError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class Block:
+    """One mini-batch: sampled rows and columns and the observed entries inside them."""
+
+    rows: np.ndarray  # (br,) user_idx
+    cols: np.ndarray  # (bc,) item_idx
+    node_rows: np.ndarray  # (K,) positions in `rows`
+    node_cols: np.ndarray  # (K,) positions in `cols`
+    values: np.ndarray  # (K,) ratings
+
+
+@dataclass
+class History:
+    """Per-epoch records of a run."""
+
+    epochs: list[dict[str, float]] = field(default_factory=list)
+
+
+class RatingMatrix:
+    """The training ratings as sparse rows (for the row branch) and columns (for the column branch)."""
+
+    def __init__(self, n_users: int, n_items: int, entries: Entries) -> None:
+        coo = sp.coo_matrix(
+            (entries.values.astype(np.float32), (entries.rows, entries.cols)), shape=(n_users, n_items)
+        )
+        self.by_row = coo.tocsr()
+        self.by_col = coo.T.tocsr()
+        self.n_users, self.n_items = n_users, n_items
+
+    def rows(self, idx: np.ndarray) -> torch.Tensor:
+        """Dense rating rows: (len(idx), m)."""
+        return torch.from_numpy(self.by_row[idx].toarray())
+
+    def cols(self, idx: np.ndarray) -> torch.Tensor:
+        """Dense rating columns: (len(idx), n)."""
+        return torch.from_numpy(self.by_col[idx].toarray())
+
+    def block(self, rows: np.ndarray, cols: np.ndarray) -> Block:
+        """The observed entries of rows x cols."""
+        sub = self.by_row[rows][:, cols].tocoo()
+        return Block(rows, cols, sub.row.astype(np.int64), sub.col.astype(np.int64), sub.data.astype(np.float64))
+
+
+def _chunks(order: np.ndarray, size: int) -> list[np.ndarray]:
+    """Split `order` into ceil(len/size) nearly equal chunks (no chunk of 1 row for BatchNorm)."""
+    count = max(1, math.ceil(len(order) / size))
+    return [c for c in np.array_split(order, count) if len(c)]
+
+
+def epoch_blocks(matrix: RatingMatrix, mode: str, block_rows: int, block_cols: int, seed: int, epoch: int) -> list[Block]:
+    """The epoch's mini-batches, reshuffled each epoch and the same on every process."""
+    rng = np.random.default_rng([seed, epoch])
+    row_chunks = _chunks(rng.permutation(matrix.n_users), block_rows)
+    col_chunks = _chunks(rng.permutation(matrix.n_items), block_cols)
+    if mode == "pass":
+        steps = max(len(row_chunks), len(col_chunks))
+        pairs = [(row_chunks[s % len(row_chunks)], col_chunks[s % len(col_chunks)]) for s in range(steps)]
+    else:
+        pairs = [(r, c) for r in row_chunks for c in col_chunks]
+        rng.shuffle(pairs)  # type: ignore[arg-type]
+    blocks = [matrix.block(r, c) for r, c in pairs]
+    return [b for b in blocks if len(b.values) >= 2]
+
+
+def level_index(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Index of the nearest rating level of each value."""
+    idx = np.clip(np.searchsorted(levels, values), 1, len(levels) - 1)
+    left = levels[idx - 1]
+    right = levels[idx]
+    return np.where(values - left <= right - values, idx - 1, idx).astype(np.int64)
+
+
+def block_loss(
+    model: torch.nn.Module, matrix: RatingMatrix, block: Block, levels: np.ndarray, mf_layers: int, beta: float, sigma2: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Cross-entropy of the last layer plus beta times the similarity MSE on one block."""
+    node_rows = torch.from_numpy(block.node_rows)
+    node_cols = torch.from_numpy(block.node_cols)
+    log_p, log_q, sim = model(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers)
+    labels = torch.from_numpy(level_index(block.values, levels))
+    ce = F.nll_loss(log_q, labels)
+    values = torch.from_numpy(block.values.astype(np.float32))
+    target = torch.exp(-((values[:, None] - values[None, :]) ** 2) / sigma2)  # (K, K)
+    sim_loss = F.mse_loss(sim, target)
+    loss = ce + beta * sim_loss
+    return loss, {"ce": float(ce.detach()), "sim": float(sim_loss.detach())}
+
+
+@torch.no_grad()
+def embed_all(model: DCMC, matrix: RatingMatrix, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Eval-mode embeddings of every user and item: (n, d), (m, d) float32."""
+    was_training = model.training
+    model.eval()
+    users = [model.embed_rows(matrix.rows(np.arange(s, min(s + chunk, matrix.n_users)))) for s in range(0, matrix.n_users, chunk)]
+    items = [model.embed_cols(matrix.cols(np.arange(s, min(s + chunk, matrix.n_items)))) for s in range(0, matrix.n_items, chunk)]
+    model.train(was_training)
+    return torch.cat(users).numpy(), torch.cat(items).numpy()
+
+
+@torch.no_grad()
+def base_predictions(model: DCMC, user_emb: np.ndarray, item_emb: np.ndarray, entries: Entries) -> np.ndarray:
+    """Expected ratings of the base network on `entries`: (K,)."""
+    u = torch.from_numpy(user_emb[entries.rows])
+    v = torch.from_numpy(item_emb[entries.cols])
+    probs = torch.softmax(model.scores(u, v), dim=-1)
+    return (probs @ model.levels).numpy().astype(np.float64)
+
+
+def rmse_mae(pred: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+    """RMSE and MAE."""
+    err = pred - truth
+    return float(np.sqrt(np.mean(err**2))), float(np.mean(np.abs(err)))
+
+
+def _state(model: torch.nn.Module) -> DCMC:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model  # type: ignore[return-value]
+
+
+def train(
+    model_config: ModelConfig,
+    train_config: Any,
+    train_entries: Entries,
+    val_entries: Entries | None,
+    *,
+    checkpoint_dir: Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> tuple[DCMC, RatingMatrix, History]:
+    """Train a DCMC model; returns the model (eval mode), the rating matrix and the history."""
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    cfg = train_config
+    torch.manual_seed(cfg.seed)
+    model = DCMC(model_config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_halve_every, gamma=0.5)
+    history = History()
+    start_epoch = 0
+    ckpt_path = checkpoint_dir / CHECKPOINT if checkpoint_dir else None
+    if resume:
+        if ckpt_path is None or not ckpt_path.is_file():
+            raise TrainingError(f"--resume: no checkpoint at {ckpt_path}; start without --resume")
+        state = torch.load(ckpt_path, weights_only=True)
+        if state["model_config"] != model_config.to_dict() or state["train_config"] != cfg.to_dict():
+            raise TrainingError(f"--resume: {ckpt_path} was written with a different configuration")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        history.epochs = list(state["history"])
+        start_epoch = int(state["epoch"])
+        if rank == 0:
+            log.info("resumed from %s after epoch %d", ckpt_path, start_epoch)
+    net: torch.nn.Module = model
+    if distributed:
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    matrix = RatingMatrix(model_config.n_users, model_config.n_items, train_entries)
+    levels = np.asarray(model_config.levels, dtype=np.float64)
+    mf_layers = model_config.mf_layers if cfg.train_mf else 0
+    bar = tqdm(
+        range(start_epoch, cfg.epochs), initial=start_epoch, total=cfg.epochs, desc="train", unit="epoch",
+        disable=not progress or rank != 0, dynamic_ncols=True,
+    )
+    for epoch in bar:
+        t0 = time.perf_counter()
+        torch.manual_seed(cfg.seed * 100_003 + epoch)  # dropout stream: a function of (seed, epoch)
+        blocks = epoch_blocks(matrix, cfg.epoch_mode, cfg.block_rows, cfg.block_cols, cfg.seed, epoch)
+        if distributed:
+            per_rank = len(blocks) // world
+            if per_rank == 0:
+                raise TrainingError(f"only {len(blocks)} non-empty blocks for {world} processes; use smaller blocks")
+            blocks = blocks[rank * per_rank : (rank + 1) * per_rank]
+        net.train()
+        losses: list[float] = []
+        for block in blocks:
+            loss, _ = block_loss(net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        scheduler.step()
+        if not np.isfinite(losses).all():
+            raise TrainingError(f"loss became NaN/inf in epoch {epoch + 1}; lower the learning rate")
+        record: dict[str, float] = {"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.perf_counter() - t0}
+        if rank == 0 and val_entries is not None and len(val_entries):
+            user_emb, item_emb = embed_all(model, matrix)
+            record["val_rmse"], record["val_mae"] = rmse_mae(
+                base_predictions(model, user_emb, item_emb, val_entries), val_entries.values
+            )
+        history.epochs.append(record)
+        bar.set_postfix({k: f"{v:.4f}" for k, v in record.items() if k in ("loss", "val_rmse")})
+        last = epoch + 1 == cfg.epochs
+        if ckpt_path is not None and ((epoch + 1) % cfg.checkpoint_every == 0 or last):
+            if rank == 0:
+                save_checkpoint(ckpt_path, model, optimizer, scheduler, epoch + 1, history, model_config, cfg)
+            if distributed:
+                dist.barrier()
+    bar.close()
+    model.eval()
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise TrainingError(f"parameter {name} holds NaN/inf after training")
+    return model, matrix, history
+
+
+def save_checkpoint(
+    path: Path, model: DCMC, optimizer: torch.optim.Optimizer, scheduler: Any, epoch: int, history: History,
+    model_config: ModelConfig, train_config: Any,
+) -> None:
+    """Atomically write a resumable checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "epoch": epoch,
+            "history": history.epochs,
+            "model_config": model_config.to_dict(),
+            "train_config": train_config.to_dict(),
+        },
+        tmp,
+    )
+    tmp.replace(path)
