@@ -38,6 +38,9 @@ class ModelConfig:
     """Truncation threshold of the quadratic label compatibility (paper: 12, YahooMusic 100)."""
 
     def __post_init__(self) -> None:
+        # Plain Python numbers only, so configs serialise to JSON and checkpoints load with weights_only.
+        object.__setattr__(self, "levels", tuple(float(x) for x in self.levels))
+        object.__setattr__(self, "hidden", tuple(int(x) for x in self.hidden))
         if self.n_users < 1 or self.n_items < 1:
             raise ConfigError(f"n_users and n_items must be positive, got {self.n_users} x {self.n_items}")
         if len(self.levels) < 2:

@@ -6,6 +6,7 @@ seed they return the same numbers. Shapes: n users, m items, d embedding size, p
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +28,10 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax."""
-    z = logits - logits.max(axis=1, keepdims=True)
+    """Softmax over the last axis."""
+    z = logits - logits.max(axis=-1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def label_probabilities(
@@ -50,7 +51,10 @@ def label_probabilities(
 def mean_field(
     probs: np.ndarray, sim: np.ndarray, compat: np.ndarray, gamma: float, layers: int
 ) -> np.ndarray:
-    """T mean-field iterations: Q <- softmax(-(Phi + gamma S (Q C^T))), Phi = -ln P. Returns (K, p)."""
+    """T mean-field iterations: Q <- softmax(-(Phi + gamma S (Q C^T))), Phi = -ln P. Returns (K, p).
+
+    Also runs a batch of independent CRFs at once: probs (B, K, p), sim (B, K, K).
+    """
     unary = -np.log(np.maximum(probs, 1e-30))  # (K, p)
     q = probs
     for _ in range(layers):
@@ -76,6 +80,8 @@ class ScoringModel:
         self.user_unit = normalize_rows(self.user_emb)
         self.item_unit = normalize_rows(self.item_emb)
         self._known_probs: np.ndarray | None = None
+        self._partitions: dict[tuple[int, int, int, int], Partitions] = {}
+        self._lock = threading.Lock()
 
     @property
     def known_probs(self) -> np.ndarray:
@@ -85,6 +91,15 @@ class ScoringModel:
                 self.user_emb, self.item_emb, self.bilinear, self.known_rows, self.known_cols
             )
         return self._known_probs
+
+    def partitions(self, inference: InferenceConfig) -> Partitions:
+        """The random partitions of `inference` with their precomputed tables (drawn once, then cached)."""
+        key = (inference.seed, inference.repeats, inference.subset_rows, inference.subset_cols)
+        with self._lock:
+            if key not in self._partitions:
+                self.known_probs  # noqa: B018 - computed under the lock, once
+                self._partitions[key] = draw_partitions(self, inference)
+            return self._partitions[key]
 
     def probabilities(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """Base-network probabilities of arbitrary entries: (K, p)."""
@@ -97,55 +112,205 @@ class ScoringModel:
         return ((1.0 + u @ u.T) / 2.0) * ((1.0 + v @ v.T) / 2.0)
 
 
-def _partition(size: int, subset: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """Random partition of range(size) into groups of `subset`: (group of each index, number of groups)."""
-    group = np.empty(size, dtype=np.int64)
-    group[rng.permutation(size)] = np.arange(size) // subset
-    return group, -(-size // subset)
+@dataclass(frozen=True)
+class Partitions:
+    """The R random row x column partitions of one inference setting, drawn once from its seed.
+
+    The draws are those of `np.random.default_rng(seed)`: per repeat a permutation of the rows, then one of
+    the columns; group g holds the permuted positions [g * subset, (g + 1) * subset). Everything that depends
+    only on the model and the partitions (known entries sorted by block, scaled-cosine Gram matrices of every
+    row and column group) is computed here once, so a request pays only for the blocks it touches.
+    """
+
+    subset_rows: int
+    subset_cols: int
+    n_col_groups: int
+    row_group: np.ndarray  # (R, n) group of each row
+    col_group: np.ndarray  # (R, m)
+    row_local: np.ndarray  # (R, n) position of each row inside its group
+    col_local: np.ndarray  # (R, m)
+    known_order: np.ndarray  # (R, N) known entries sorted by block (stable: ties keep entry order)
+    known_sorted: np.ndarray  # (R, N) their block ids
+    row_gram: np.ndarray  # (R, row groups * subset_rows^2) s_r within each row group, flattened
+    col_gram: np.ndarray  # (R, col groups * subset_cols^2) s_c within each column group, flattened
+
+    @property
+    def repeats(self) -> int:
+        """Number R of partitions."""
+        return len(self.row_group)
+
+
+def _group_grams(unit: np.ndarray, perm: np.ndarray, subset: int) -> np.ndarray:
+    """Scaled cosines (1 + cos) / 2 of the members of each group, flattened: (groups * subset^2,)."""
+    groups = -(-len(perm) // subset)
+    members = np.zeros((groups * subset, unit.shape[1]))
+    members[: len(perm)] = unit[perm]
+    members = members.reshape(groups, subset, -1)  # (groups, subset, d)
+    return ((1.0 + members @ members.transpose(0, 2, 1)) / 2.0).ravel()
+
+
+def draw_partitions(model: ScoringModel, inference: InferenceConfig) -> Partitions:
+    """Draw the `inference.repeats` partitions of `inference.seed` and precompute their per-model tables."""
+    n, m = len(model.user_emb), len(model.item_emb)
+    rng = np.random.default_rng(inference.seed)
+    sr, sc = inference.subset_rows, inference.subset_cols
+    n_col_groups = -(-m // sc)
+    fields: dict[str, list[np.ndarray]] = {k: [] for k in ("rg", "cg", "rl", "cl", "ko", "ks", "rgm", "cgm")}
+    for _ in range(inference.repeats):
+        row_perm, col_perm = rng.permutation(n), rng.permutation(m)
+        rank_r, rank_c = np.empty(n, dtype=np.int64), np.empty(m, dtype=np.int64)
+        rank_r[row_perm], rank_c[col_perm] = np.arange(n), np.arange(m)
+        row_group, col_group = rank_r // sr, rank_c // sc
+        known_block = row_group[model.known_rows] * n_col_groups + col_group[model.known_cols]
+        order = np.argsort(known_block, kind="stable")
+        fields["rg"].append(row_group)
+        fields["cg"].append(col_group)
+        fields["rl"].append(rank_r % sr)
+        fields["cl"].append(rank_c % sc)
+        fields["ko"].append(order)
+        fields["ks"].append(known_block[order])
+        fields["rgm"].append(_group_grams(model.user_unit, row_perm, sr))
+        fields["cgm"].append(_group_grams(model.item_unit, col_perm, sc))
+    stack = {k: np.stack(v) for k, v in fields.items()}
+    return Partitions(
+        subset_rows=sr,
+        subset_cols=sc,
+        n_col_groups=n_col_groups,
+        row_group=stack["rg"],
+        col_group=stack["cg"],
+        row_local=stack["rl"],
+        col_local=stack["cl"],
+        known_order=stack["ko"],
+        known_sorted=stack["ks"],
+        row_gram=stack["rgm"],
+        col_gram=stack["cgm"],
+    )
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated aranges: (owner of each element, starts[owner] + offset inside its range)."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, starts[owner] + offset
 
 
 def predict_entries(
-    model: ScoringModel, rows: np.ndarray, cols: np.ndarray, inference: InferenceConfig
+    model: ScoringModel,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    inference: InferenceConfig,
+    *,
+    query_probs: np.ndarray | None = None,
 ) -> np.ndarray:
     """Final label distributions of the queried entries (rows[k], cols[k]): (K, p).
 
     `none`: the base network's probabilities. `paper`: rows and columns are split at random into
     subsets; in each block (row subset x column subset) that holds a query, a CRF over the block's
     known entries and its queried entries runs the mean-field layers; the distributions from
-    `inference.repeats` random partitions are averaged.
+    `inference.repeats` random partitions are averaged. `query_probs` (K, p) replaces the base-network
+    probabilities of the queries (the service computes them from its cached embeddings).
     """
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
-    query_probs = model.probabilities(rows, cols)
+    if query_probs is None:
+        query_probs = model.probabilities(rows, cols)
     if inference.mode == "none" or model.config.mf_layers == 0 or len(rows) == 0:
         return query_probs
-    cfg = model.config
-    known_probs = model.known_probs
-    n, m = len(model.user_emb), len(model.item_emb)
-    rng = np.random.default_rng(inference.seed)
-    total = np.zeros_like(query_probs)
-    for _ in range(inference.repeats):
-        row_group, _ = _partition(n, inference.subset_rows, rng)
-        col_group, n_col_groups = _partition(m, inference.subset_cols, rng)
-        known_block = row_group[model.known_rows] * n_col_groups + col_group[model.known_cols]
-        query_block = row_group[rows] * n_col_groups + col_group[cols]
-        known_order = np.argsort(known_block, kind="stable")
-        known_sorted = known_block[known_order]
+    parts = model.partitions(inference)
+    # Every block that holds a query, over all repeats: (repeat, first known, known count, queries).
+    rep_l, block_l, lo_l, hi_l, qorder_l, qcount_l = [], [], [], [], [], []
+    for r in range(parts.repeats):
+        query_block = parts.row_group[r, rows] * parts.n_col_groups + parts.col_group[r, cols]
         query_order = np.argsort(query_block, kind="stable")
-        blocks, starts = np.unique(query_block[query_order], return_index=True)
-        ends = np.append(starts[1:], len(query_order))
-        lo = np.searchsorted(known_sorted, blocks, side="left")
-        hi = np.searchsorted(known_sorted, blocks, side="right")
-        for b in range(len(blocks)):
-            known = known_order[lo[b] : hi[b]]
-            queries = query_order[starts[b] : ends[b]]
-            node_rows = np.concatenate([model.known_rows[known], rows[queries]])
-            node_cols = np.concatenate([model.known_cols[known], cols[queries]])
-            probs = np.concatenate([known_probs[known], query_probs[queries]])
-            sim = model.entry_similarity(node_rows, node_cols)
-            final = mean_field(probs, sim, model.compat, cfg.gamma, cfg.mf_layers)
-            total[queries] += final[len(known) :]
+        blocks, counts = np.unique(query_block[query_order], return_counts=True)
+        rep_l.append(np.full(len(blocks), r))
+        block_l.append(blocks)
+        lo_l.append(np.searchsorted(parts.known_sorted[r], blocks, side="left"))
+        hi_l.append(np.searchsorted(parts.known_sorted[r], blocks, side="right"))
+        qorder_l.append(query_order)
+        qcount_l.append(counts)
+    rep, block = np.concatenate(rep_l), np.concatenate(block_l)
+    lo, n_known = np.concatenate(lo_l), np.concatenate(hi_l) - np.concatenate(lo_l)
+    n_query = np.concatenate(qcount_l)
+    query_order = np.concatenate(qorder_l)
+    query_start = np.cumsum(n_query) - n_query
+    total = np.zeros_like(query_probs)
+    # Blocks are independent CRFs: run them in padded batches of bounded size.
+    sizes = n_known + n_query
+    order = np.argsort(sizes, kind="stable")
+    budget = 1 << 21  # padded similarity entries per batch
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and (stop + 1 - start) * int(sizes[order[stop]]) ** 2 <= budget:
+            stop += 1
+        chosen = order[start:stop]
+        _run_blocks(
+            model,
+            parts,
+            inference,
+            rows,
+            cols,
+            query_probs,
+            total,
+            rep[chosen],
+            block[chosen],
+            lo[chosen],
+            n_known[chosen],
+            query_start[chosen],
+            n_query[chosen],
+            query_order,
+        )
+        start = stop
     return total / inference.repeats
+
+
+def _run_blocks(
+    model: ScoringModel,
+    parts: Partitions,
+    inference: InferenceConfig,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    query_probs: np.ndarray,
+    total: np.ndarray,
+    rep: np.ndarray,
+    block: np.ndarray,
+    lo: np.ndarray,
+    n_known: np.ndarray,
+    query_start: np.ndarray,
+    n_query: np.ndarray,
+    query_order: np.ndarray,
+) -> None:
+    """Mean-field over a batch of blocks, padded to the largest; adds the queries' results to `total`."""
+    n_blocks, p = len(rep), query_probs.shape[1]
+    width = int((n_known + n_query).max())
+    # Node slots: known entries first, then the block's queries, then padding.
+    kb, kpos = _ranges(lo, n_known)
+    known = parts.known_order[rep[kb], kpos]
+    kslot = kpos - lo[kb]
+    qb, qpos = _ranges(query_start, n_query)
+    queries = query_order[qpos]
+    qslot = n_known[qb] + qpos - query_start[qb]
+    node_rows = np.zeros((n_blocks, width), dtype=np.int64)
+    node_cols = np.zeros((n_blocks, width), dtype=np.int64)
+    probs = np.full((n_blocks, width, p), 1.0 / p)
+    mask = np.zeros((n_blocks, width))
+    node_rows[kb, kslot], node_cols[kb, kslot] = model.known_rows[known], model.known_cols[known]
+    node_rows[qb, qslot], node_cols[qb, qslot] = rows[queries], cols[queries]
+    probs[kb, kslot], probs[qb, qslot] = model.known_probs[known], query_probs[queries]
+    mask[kb, kslot] = mask[qb, qslot] = 1.0
+    # s(k, l) = s_r(i_k, i_l) s_c(j_k, j_l), looked up in the precomputed Gram matrices of the groups.
+    sr, sc = parts.subset_rows, parts.subset_cols
+    rep_col = rep[:, None]
+    rl = parts.row_local[rep_col, node_rows]  # (B, W)
+    cl = parts.col_local[rep_col, node_cols]
+    row_base = (rep * parts.row_gram.shape[1] + (block // parts.n_col_groups) * sr * sr)[:, None, None]
+    col_base = (rep * parts.col_gram.shape[1] + (block % parts.n_col_groups) * sc * sc)[:, None, None]
+    sim = np.take(parts.row_gram, row_base + rl[:, :, None] * sr + rl[:, None, :])
+    sim *= np.take(parts.col_gram, col_base + cl[:, :, None] * sc + cl[:, None, :])
+    sim *= mask[:, None, :]  # padding sends no messages
+    final = mean_field(probs, sim, model.compat, model.config.gamma, model.config.mf_layers)
+    np.add.at(total, queries, final[qb, qslot])
 
 
 def expected_rating(probs: np.ndarray, levels: np.ndarray) -> np.ndarray:

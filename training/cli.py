@@ -16,7 +16,6 @@ from pathlib import Path
 from model.artifact import ArtifactError
 from model.config import ConfigError
 from model.ids import UnknownIdError
-
 from training.data import DataError
 from training.errors import ExportError, TrainingError
 
@@ -47,9 +46,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads or 1)
     try:
         metrics = run_training(
-            args.dataset, args.data_dir, args.out, split=args.split, split_seed=args.split_seed,
-            preset_name=args.preset, epochs=args.epochs, seed=args.seed, settings=_settings(args.set),
-            checkpoint_dir=args.checkpoint_dir, resume=args.resume, progress=not args.no_progress,
+            args.dataset,
+            args.data_dir,
+            args.out,
+            split=args.split,
+            split_seed=args.split_seed,
+            preset_name=args.preset,
+            epochs=args.epochs,
+            seed=args.seed,
+            settings=_settings(args.set),
+            checkpoint_dir=args.checkpoint_dir,
+            resume=args.resume,
+            progress=not args.no_progress,
         )
     finally:
         if distributed:
@@ -85,15 +93,28 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     # The service is a separate program (it shares only the artifact with training): hand over to it.
-    argv = [sys.executable, "-m", "service", "--artifacts", str(args.artifacts), "--host", args.host,
-            "--port", str(args.port), "--workers", str(args.workers)]
+    argv = [
+        sys.executable,
+        "-m",
+        "service",
+        "--artifacts",
+        str(args.artifacts),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        str(args.workers),
+    ]
     os.execv(sys.executable, argv)
     return 0  # pragma: no cover
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `dcmc`."""
-    parser = argparse.ArgumentParser(prog="dcmc", description="Deep CRF matrix completion: train, evaluate, serve.")
+    parser = argparse.ArgumentParser(
+        prog="dcmc", description="Deep CRF matrix completion: train, evaluate, serve."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -106,8 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--preset", default="default", choices=("default", "paper", "tiny"))
     t.add_argument("--epochs", type=int, help="override the preset's number of epochs")
     t.add_argument("--seed", type=int, help="seed of initialisation, data order and dropout (default 0)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a ModelConfig/TrainConfig field, e.g. --set gamma=0.01 (repeatable)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a ModelConfig/TrainConfig field, e.g. --set gamma=0.01 (repeatable)",
+    )
     t.add_argument("--checkpoint-dir", help="where checkpoints go (default: OUT.ckpt beside OUT)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     t.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
@@ -143,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `dcmc`; returns the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return int(args.func(args))
     except (DataError, ConfigError, ArtifactError, UnknownIdError, TrainingError, ExportError) as exc:

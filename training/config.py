@@ -138,16 +138,16 @@ def preset(dataset: str, name: str = "default") -> Preset:
         )
         inference = InferenceConfig(mode="none")
     else:  # tiny: seconds on 2 cores, for tests and CI
-        model.update(hidden=(32, 16), dropout=0.2, mf_layers=2)
+        model.update(hidden=(32, 16), dropout=0.0, mf_layers=2)
         train = TrainConfig(
-            epochs=20,
-            lr_halve_every=10,
+            epochs=40,
+            lr_halve_every=20,
             block_rows=16,
             block_cols=16,
             epoch_mode="blocks",
             sigma2=ds["sigma2"],
             train_mf=True,
-            checkpoint_every=5,
+            checkpoint_every=10,
         )
         inference = InferenceConfig(mode="paper", subset_rows=8, subset_cols=8, repeats=3)
     return Preset(model=model, train=train, inference=inference)

@@ -12,18 +12,21 @@ import numpy as np
 from model.artifact import Artifact, load_artifact
 from model.config import InferenceConfig
 from model.engine import expected_rating, predict_entries
-
 from training.data import Entries, load_dataset
 
 
-def map_entries(artifact: Artifact, user_ids: list[str], item_ids: list[str], entries: Entries) -> tuple[np.ndarray, np.ndarray]:
+def map_entries(
+    artifact: Artifact, user_ids: list[str], item_ids: list[str], entries: Entries
+) -> tuple[np.ndarray, np.ndarray]:
     """Indices of `entries` (indexed by the dataset's id lists) in the artifact's id maps."""
     users = artifact.users.indices([user_ids[i] for i in entries.rows])
     items = artifact.items.indices([item_ids[j] for j in entries.cols])
     return users, items
 
 
-def predict_ratings(artifact: Artifact, rows: np.ndarray, cols: np.ndarray, inference: InferenceConfig) -> np.ndarray:
+def predict_ratings(
+    artifact: Artifact, rows: np.ndarray, cols: np.ndarray, inference: InferenceConfig
+) -> np.ndarray:
     """Expected ratings of artifact-indexed entries under `inference`."""
     probs = predict_entries(artifact.scoring_model(), rows, cols, inference)
     return expected_rating(probs, artifact.levels)

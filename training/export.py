@@ -16,7 +16,6 @@ from model.artifact import artifact_writer
 from model.config import InferenceConfig, ModelConfig
 from model.engine import OnnxNetwork
 from model.network import DCMC
-
 from training.data import Entries
 from training.errors import ExportError
 from training.trainer import RatingMatrix, embed_all
@@ -52,13 +51,21 @@ def export_onnx(model: DCMC, directory: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                module, args, str(directory / name), input_names=inputs, output_names=["output"],
-                dynamic_axes=axes, opset_version=17, dynamo=False,
+                module,
+                args,
+                str(directory / name),
+                input_names=inputs,
+                output_names=["output"],
+                dynamic_axes=axes,
+                opset_version=17,
+                dynamo=False,
             )
 
 
 @torch.no_grad()
-def check_parity(model: DCMC, matrix: RatingMatrix, directory: Path, samples: int = 64, seed: int = 0) -> float:
+def check_parity(
+    model: DCMC, matrix: RatingMatrix, directory: Path, samples: int = 64, seed: int = 0
+) -> float:
     """Compare ONNX Runtime with torch on real rows/columns; returns the largest absolute difference."""
     model.eval()
     rng = np.random.default_rng(seed)
@@ -72,7 +79,11 @@ def check_parity(model: DCMC, matrix: RatingMatrix, directory: Path, samples: in
     u_o, v_o = onnx.embed_users(x_rows.numpy()), onnx.embed_items(x_cols.numpy())
     p_o = onnx.probabilities(u_t[:k].numpy(), v_t[:k].numpy())
     worst = 0.0
-    for what, a, b in (("user embeddings", u_t, u_o), ("item embeddings", v_t, v_o), ("probabilities", p_t, p_o)):
+    for what, a, b in (
+        ("user embeddings", u_t, u_o),
+        ("item embeddings", v_t, v_o),
+        ("probabilities", p_t, p_o),
+    ):
         scale = max(1.0, float(a.abs().max()))
         diff = float(np.abs(a.numpy() - b).max()) / scale
         worst = max(worst, diff)

@@ -11,7 +11,6 @@ from typing import Any
 import torch.distributed as dist
 
 from model.config import ConfigError, ModelConfig
-
 from training.config import TrainConfig, preset
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
@@ -31,7 +30,9 @@ def split_overrides(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
             raise ConfigError(f"{key} comes from the data and cannot be set")
         target, known = (model, model_fields) if key in model_fields else (train, train_fields)
         if key not in known:
-            raise ConfigError(f"unknown setting {key!r}; model: {sorted(model_fields)}, train: {sorted(train_fields)}")
+            raise ConfigError(
+                f"unknown setting {key!r}; model: {sorted(model_fields)}, train: {sorted(train_fields)}"
+            )
         target[key] = _convert(key, raw, str(known[key].type))
     return model, train
 
@@ -81,7 +82,9 @@ def run_training(
     data_seed = split_seed  # random splits stay fixed across training seeds
     data = load_dataset(dataset, data_dir, split=split, seed=data_seed)
     model_cfg = ModelConfig(
-        n_users=data.n_users, n_items=data.n_items, levels=tuple(float(x) for x in data.levels),
+        n_users=data.n_users,
+        n_items=data.n_items,
+        levels=tuple(float(x) for x in data.levels),
         **{**chosen.model, **model_over},
     )
     if data.val is not None:
@@ -92,14 +95,25 @@ def run_training(
         train_entries, val_entries = data.train, None
     log.info(
         "%s: %d users x %d items, %d train / %d validation / %d test ratings, %d levels",
-        dataset, data.n_users, data.n_items, len(train_entries), len(val_entries or []), len(data.test),
+        dataset,
+        data.n_users,
+        data.n_items,
+        len(train_entries),
+        len(val_entries or []),
+        len(data.test),
         model_cfg.n_levels,
     )
     out = Path(out)
     ckpt = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{out.name}.ckpt"
     t0 = time.perf_counter()
     model, matrix, history = train(
-        model_cfg, train_cfg, train_entries, val_entries, checkpoint_dir=ckpt, resume=resume, progress=progress
+        model_cfg,
+        train_cfg,
+        train_entries,
+        val_entries,
+        checkpoint_dir=ckpt,
+        resume=resume,
+        progress=progress,
     )
     seconds = time.perf_counter() - t0
     last = history.epochs[-1] if history.epochs else {}
@@ -115,8 +129,13 @@ def run_training(
     }
     if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
         write_artifact(
-            out, model, matrix, train_entries,
-            user_ids=data.user_ids, item_ids=data.item_ids, inference=chosen.inference,
+            out,
+            model,
+            matrix,
+            train_entries,
+            user_ids=data.user_ids,
+            item_ids=data.item_ids,
+            inference=chosen.inference,
             train_config={**train_cfg.to_dict(), "preset": preset_name},
             dataset={"name": dataset, "split": split, "seed": data_seed},
             metrics=metrics,

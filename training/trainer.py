@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from tqdm import tqdm
 
 from model.config import ModelConfig
 from model.network import DCMC
-
 from training.data import Entries
 from training.errors import TrainingError
 
@@ -71,7 +71,9 @@ class RatingMatrix:
     def block(self, rows: np.ndarray, cols: np.ndarray) -> Block:
         """The observed entries of rows x cols."""
         sub = self.by_row[rows][:, cols].tocoo()
-        return Block(rows, cols, sub.row.astype(np.int64), sub.col.astype(np.int64), sub.data.astype(np.float64))
+        return Block(
+            rows, cols, sub.row.astype(np.int64), sub.col.astype(np.int64), sub.data.astype(np.float64)
+        )
 
 
 def _chunks(order: np.ndarray, size: int) -> list[np.ndarray]:
@@ -80,7 +82,9 @@ def _chunks(order: np.ndarray, size: int) -> list[np.ndarray]:
     return [c for c in np.array_split(order, count) if len(c)]
 
 
-def epoch_blocks(matrix: RatingMatrix, mode: str, block_rows: int, block_cols: int, seed: int, epoch: int) -> list[Block]:
+def epoch_blocks(
+    matrix: RatingMatrix, mode: str, block_rows: int, block_cols: int, seed: int, epoch: int
+) -> list[Block]:
     """The epoch's mini-batches, reshuffled each epoch and the same on every process."""
     rng = np.random.default_rng([seed, epoch])
     row_chunks = _chunks(rng.permutation(matrix.n_users), block_rows)
@@ -104,12 +108,20 @@ def level_index(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
 
 
 def block_loss(
-    model: torch.nn.Module, matrix: RatingMatrix, block: Block, levels: np.ndarray, mf_layers: int, beta: float, sigma2: float
+    model: torch.nn.Module,
+    matrix: RatingMatrix,
+    block: Block,
+    levels: np.ndarray,
+    mf_layers: int,
+    beta: float,
+    sigma2: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Cross-entropy of the last layer plus beta times the similarity MSE on one block."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
-    log_p, log_q, sim = model(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers)
+    _, log_q, sim = model(
+        matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers
+    )
     labels = torch.from_numpy(level_index(block.values, levels))
     ce = F.nll_loss(log_q, labels)
     values = torch.from_numpy(block.values.astype(np.float32))
@@ -124,8 +136,14 @@ def embed_all(model: DCMC, matrix: RatingMatrix, chunk: int = 1024) -> tuple[np.
     """Eval-mode embeddings of every user and item: (n, d), (m, d) float32."""
     was_training = model.training
     model.eval()
-    users = [model.embed_rows(matrix.rows(np.arange(s, min(s + chunk, matrix.n_users)))) for s in range(0, matrix.n_users, chunk)]
-    items = [model.embed_cols(matrix.cols(np.arange(s, min(s + chunk, matrix.n_items)))) for s in range(0, matrix.n_items, chunk)]
+    users = [
+        model.embed_rows(matrix.rows(np.arange(s, min(s + chunk, matrix.n_users))))
+        for s in range(0, matrix.n_users, chunk)
+    ]
+    items = [
+        model.embed_cols(matrix.cols(np.arange(s, min(s + chunk, matrix.n_items))))
+        for s in range(0, matrix.n_items, chunk)
+    ]
     model.train(was_training)
     return torch.cat(users).numpy(), torch.cat(items).numpy()
 
@@ -158,8 +176,12 @@ def train(
     checkpoint_dir: Path | None = None,
     resume: bool = False,
     progress: bool = True,
+    on_epoch_end: Callable[[dict[str, float]], None] | None = None,
 ) -> tuple[DCMC, RatingMatrix, History]:
-    """Train a DCMC model; returns the model (eval mode), the rating matrix and the history."""
+    """Train a DCMC model; returns the model (eval mode), the rating matrix and the history.
+
+    `on_epoch_end` is called with each epoch's record after its checkpoint is written.
+    """
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
@@ -191,8 +213,13 @@ def train(
     levels = np.asarray(model_config.levels, dtype=np.float64)
     mf_layers = model_config.mf_layers if cfg.train_mf else 0
     bar = tqdm(
-        range(start_epoch, cfg.epochs), initial=start_epoch, total=cfg.epochs, desc="train", unit="epoch",
-        disable=not progress or rank != 0, dynamic_ncols=True,
+        range(start_epoch, cfg.epochs),
+        initial=start_epoch,
+        total=cfg.epochs,
+        desc="train",
+        unit="epoch",
+        disable=not progress or rank != 0,
+        dynamic_ncols=True,
     )
     for epoch in bar:
         t0 = time.perf_counter()
@@ -201,7 +228,9 @@ def train(
         if distributed:
             per_rank = len(blocks) // world
             if per_rank == 0:
-                raise TrainingError(f"only {len(blocks)} non-empty blocks for {world} processes; use smaller blocks")
+                raise TrainingError(
+                    f"only {len(blocks)} non-empty blocks for {world} processes; use smaller blocks"
+                )
             blocks = blocks[rank * per_rank : (rank + 1) * per_rank]
         net.train()
         losses: list[float] = []
@@ -214,7 +243,11 @@ def train(
         scheduler.step()
         if not np.isfinite(losses).all():
             raise TrainingError(f"loss became NaN/inf in epoch {epoch + 1}; lower the learning rate")
-        record: dict[str, float] = {"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.perf_counter() - t0}
+        record: dict[str, float] = {
+            "epoch": epoch + 1,
+            "loss": float(np.mean(losses)),
+            "seconds": time.perf_counter() - t0,
+        }
         if rank == 0 and val_entries is not None and len(val_entries):
             user_emb, item_emb = embed_all(model, matrix)
             record["val_rmse"], record["val_mae"] = rmse_mae(
@@ -228,6 +261,8 @@ def train(
                 save_checkpoint(ckpt_path, model, optimizer, scheduler, epoch + 1, history, model_config, cfg)
             if distributed:
                 dist.barrier()
+        if on_epoch_end is not None:
+            on_epoch_end(record)
     bar.close()
     model.eval()
     for name, p in model.named_parameters():
@@ -237,8 +272,14 @@ def train(
 
 
 def save_checkpoint(
-    path: Path, model: DCMC, optimizer: torch.optim.Optimizer, scheduler: Any, epoch: int, history: History,
-    model_config: ModelConfig, train_config: Any,
+    path: Path,
+    model: DCMC,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    epoch: int,
+    history: History,
+    model_config: ModelConfig,
+    train_config: Any,
 ) -> None:
     """Atomically write a resumable checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)

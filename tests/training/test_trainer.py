@@ -1,0 +1,145 @@
+"""Training: batching, learning a low-rank matrix, resuming, data-parallel runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model.artifact import load_artifact
+from model.config import ModelConfig
+from training.config import preset
+from training.data import Entries, load_dataset
+from training.evaluate import evaluate
+from training.trainer import RatingMatrix, epoch_blocks, level_index, train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _entries(n: int = 30, m: int = 20, seed: int = 0) -> Entries:
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n, m)) < 0.4
+    rows, cols = np.nonzero(mask)
+    return Entries(
+        rows.astype(np.int64), cols.astype(np.int64), rng.integers(1, 6, len(rows)).astype(np.float64)
+    )
+
+
+def test_blocks_cover_every_entry_once_and_reshuffle() -> None:
+    entries = _entries()
+    matrix = RatingMatrix(30, 20, entries)
+    seen = []
+    for block in epoch_blocks(matrix, "blocks", 8, 8, seed=0, epoch=0):
+        assert 2 <= len(block.rows) <= 8 and len(block.cols) <= 8
+        seen += list(zip(block.rows[block.node_rows], block.cols[block.node_cols], strict=True))
+        assert np.all(matrix.by_row[block.rows[block.node_rows], block.cols[block.node_cols]] == block.values)
+    expected = set(zip(entries.rows, entries.cols, strict=True))
+    assert len(seen) <= len(expected) and set(seen) <= expected
+    assert len(expected) - len(set(seen)) < 10  # only blocks with fewer than 2 entries are skipped
+    again = epoch_blocks(matrix, "blocks", 8, 8, seed=0, epoch=0)
+    other = epoch_blocks(matrix, "blocks", 8, 8, seed=0, epoch=1)
+    assert [b.rows.tolist() for b in again] == [
+        b.rows.tolist() for b in epoch_blocks(matrix, "blocks", 8, 8, 0, 0)
+    ]
+    assert [b.rows.tolist() for b in again] != [b.rows.tolist() for b in other]
+    # The paper's count: an epoch is one pass over the row chunks.
+    assert len(epoch_blocks(matrix, "pass", 8, 8, seed=0, epoch=0)) <= 4
+
+
+def test_level_index_picks_the_nearest_level() -> None:
+    levels = np.array([0.5, 1.0, 1.5, 5.0])
+    assert level_index(np.array([0.5, 1.0, 1.2, 1.3, 4.0, 5.0]), levels).tolist() == [0, 1, 1, 2, 3, 3]
+
+
+def test_training_beats_global_mean_by_a_wide_margin(tiny_artifact: Path, synthetic_csv: Path) -> None:
+    data = load_dataset("csv", synthetic_csv, split="random")
+    global_mean = float(np.mean(data.train.values))
+    baseline = float(np.sqrt(np.mean((data.test.values - global_mean) ** 2)))
+    for mode in ("none", "paper"):
+        result = evaluate(tiny_artifact, synthetic_csv, mode=mode)
+        assert result["n"] == len(data.test)
+        assert result["rmse"] < 0.8 * baseline, (mode, result["rmse"], baseline)
+
+
+def _tiny_setup(synthetic_csv: Path) -> tuple[ModelConfig, object, Entries]:
+    data = load_dataset("csv", synthetic_csv, split="random")
+    p = preset("csv", "tiny")
+    cfg = ModelConfig(n_users=data.n_users, n_items=data.n_items, levels=tuple(data.levels), **p.model)
+    return cfg, replace(p.train, epochs=4, checkpoint_every=2), data.train
+
+
+def test_resume_gives_the_same_state_as_an_uninterrupted_run(synthetic_csv: Path, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    cfg, train_cfg, entries = _tiny_setup(synthetic_csv)
+    full, _, full_hist = train(cfg, train_cfg, entries, None, checkpoint_dir=tmp_path / "a", progress=False)
+
+    def interrupt(record: dict[str, float]) -> None:
+        if record["epoch"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            cfg,
+            train_cfg,
+            entries,
+            None,
+            checkpoint_dir=tmp_path / "b",
+            progress=False,
+            on_epoch_end=interrupt,
+        )
+    resumed, _, hist = train(
+        cfg, train_cfg, entries, None, checkpoint_dir=tmp_path / "b", resume=True, progress=False
+    )
+    assert [r["loss"] for r in hist.epochs] == [r["loss"] for r in full_hist.epochs]
+    for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_resume_refuses_a_different_configuration(synthetic_csv: Path, tmp_path: Path) -> None:
+    from training.errors import TrainingError
+
+    cfg, train_cfg, entries = _tiny_setup(synthetic_csv)
+    with pytest.raises(TrainingError, match="no checkpoint"):
+        train(cfg, train_cfg, entries, None, checkpoint_dir=tmp_path, resume=True, progress=False)
+    train(cfg, replace(train_cfg, epochs=2), entries, None, checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(TrainingError, match="different configuration"):
+        train(cfg, train_cfg, entries, None, checkpoint_dir=tmp_path, resume=True, progress=False)
+
+
+def test_torchrun_two_processes_complete(synthetic_csv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "training.cli",
+        "train",
+        "--dataset",
+        "csv",
+        "--data-dir",
+        str(synthetic_csv),
+        "--split",
+        "random",
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--epochs",
+        "3",
+        "--no-progress",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    art = load_artifact(out)
+    assert art.meta["train"]["epochs"] == 3
+    assert proc.stdout.count('"artifacts"') == 1  # only rank 0 reports and writes
