@@ -42,7 +42,9 @@ def label_probabilities(
     step = 8192  # bounds the (chunk, p, d) temporary
     for start in range(0, len(rows), step):
         r, c = rows[start : start + step], cols[start : start + step]
-        ub = np.einsum("kd,pde->kpe", user_emb[r], bilinear)  # (k, p, d)
+        # u^T B_p once per distinct user (many entries share one: a user's queries, a test split's rows).
+        users, inverse = np.unique(r, return_inverse=True)
+        ub = np.einsum("kd,pde->kpe", user_emb[users], bilinear)[inverse]  # (k, p, d)
         scores = np.einsum("kpe,ke->kp", ub, item_emb[c])  # (k, p)
         out[start : start + step] = softmax(scores)
     return out

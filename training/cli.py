@@ -91,6 +91,36 @@ def _cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from training.pipeline import run_training
+    from training.synthetic import low_rank_ratings, write_csv
+
+    out = Path(args.out)
+    if args.data_dir:
+        print(f"training on MovieLens-100K from {args.data_dir} (a few minutes)...", file=sys.stderr)
+        run_training("ml-100k", args.data_dir, out, progress=True)
+        user, items = "196", ["242", "302", "377"]
+    else:
+        data = write_csv(out.parent / f"{out.name}-data" / "ratings.csv", low_rank_ratings(300, 200, 4, 0.2))
+        print(f"training on a generated 300 x 200 rating matrix ({data})...", file=sys.stderr)
+        run_training(
+            "csv", data, out, split="random", epochs=40,
+            settings={"block_rows": "100", "block_cols": "100", "lr_halve_every": "15"},
+        )
+        user, items = "u0", ["i1", "i2", "i3"]
+    body = json.dumps({"user": user, "items": items})
+    print(
+        f"\nartifact: {out}\nserving on http://{args.host}:{args.port} (Ctrl-C stops). Try:\n"
+        f"  curl -s -X POST http://{args.host}:{args.port}/predict -H 'content-type: application/json' "
+        f"-d '{body}'\n  curl -s http://{args.host}:{args.port}/similar-users/{user}?k=5\n",
+        flush=True,
+    )
+    if args.no_serve:
+        return 0
+    args.artifacts, args.workers = out, 1
+    return _cmd_serve(args)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     # The service is a separate program (it shares only the artifact with training): hand over to it.
     argv = [
@@ -156,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("name", choices=("ml-100k", "douban", "flixster", "yahoo_music", "epinions"))
     dl.add_argument("--to", required=True, help="target directory")
     dl.set_defaults(func=_cmd_download)
+
+    demo = sub.add_parser("demo", help="train on built-in data (or a local ML-100K copy), then serve it")
+    demo.add_argument("--data-dir", help="train on MovieLens-100K from here instead of generated data")
+    demo.add_argument("--out", default="artifacts/demo", help="artifact directory (default artifacts/demo)")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--no-serve", action="store_true", help="train and stop")
+    demo.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("serve", help="serve an artifact over HTTP")
     s.add_argument("--artifacts", required=True)

@@ -1,0 +1,15 @@
+#!/bin/sh
+# Run the given `dcmc train ... --out DIR` command unless DIR already holds a verified artifact, so
+# `docker compose up` trains once and later ups reuse the artifact in the shared volume.
+set -eu
+out=""
+prev=""
+for arg in "$@"; do
+  [ "$prev" = "--out" ] && out="$arg"
+  prev="$arg"
+done
+if [ -n "$out" ] && python -c "import sys; from model.artifact import verify; verify(sys.argv[1])" "$out" 2>/dev/null; then
+  echo "artifact $out is present and verified; not retraining (delete it to retrain)"
+  exit 0
+fi
+exec "$@"

@@ -1,0 +1,31 @@
+"""Dependencies as Annotated aliases, so handler signatures stay short."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+
+from service.metrics import Metrics
+from service.scoring import Scorer
+from service.settings import Settings
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def _scorer(request: Request) -> Scorer:
+    scorer = getattr(request.app.state, "scorer", None)
+    if scorer is None:
+        raise HTTPException(status_code=503, detail="the model is not loaded yet")
+    return scorer  # type: ignore[no-any-return]
+
+
+def _metrics(request: Request) -> Metrics:
+    return request.app.state.metrics  # type: ignore[no-any-return]
+
+
+SettingsDep = Annotated[Settings, Depends(_settings)]
+ScorerDep = Annotated[Scorer, Depends(_scorer)]
+MetricsDep = Annotated[Metrics, Depends(_metrics)]

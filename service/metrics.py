@@ -1,0 +1,88 @@
+"""Prometheus metrics of one app: request counts and latencies per route, embedding-cache outcomes.
+
+With several uvicorn workers, `python -m service` sets PROMETHEUS_MULTIPROC_DIR; each worker then writes
+its samples to files there and /metrics adds up every worker (prometheus_client's multi-process mode).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class Metrics:
+    """The service's metric families, registered in a registry of their own."""
+
+    def __init__(self, multiprocess_dir: Path | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "dcmc_http_requests", "HTTP requests by route template, method and status.",
+            ["route", "method", "status"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "dcmc_http_request_duration_seconds", "Time from request to the end of the response, by route.",
+            ["route", "method"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.cache = Counter(
+            "dcmc_embedding_cache", "Embedding look-ups by tier (local, redis) and result (hit, miss).",
+            ["tier", "result"], registry=self.registry,
+        )
+        self.computed = Counter(
+            "dcmc_embeddings_computed", "Embeddings recomputed by the ONNX branches (in neither tier).",
+            ["kind"], registry=self.registry,
+        )
+        self.redis_errors = Counter(
+            "dcmc_redis_errors", "Redis calls that failed (the request went on without Redis).",
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        """The text format of every metric (of every worker, in multi-process mode)."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(self.multiprocess_dir))
+        return generate_latest(registry)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware: counts and times every HTTP request under its route template."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"  # bounded label values
+            method = scope.get("method", "")
+            self.metrics.requests.labels(template, method, str(status)).inc()
+            self.metrics.latency.labels(template, method).observe(time.perf_counter() - start)

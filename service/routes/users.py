@@ -1,0 +1,45 @@
+"""GET /similar-users/{id}: nearest users by the learned user similarity."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query
+
+from model.ids import UnknownIdError
+from service.deps import ScorerDep, SettingsDep
+from service.schemas import SimilarUser, SimilarUsersResponse
+
+router = APIRouter(tags=["users"])
+
+
+@router.get(
+    "/similar-users/{user_id}",
+    response_model=SimilarUsersResponse,
+    responses={404: {"description": "Unknown user id"}, 422: {"description": "k out of range"}},
+)
+def similar_users(
+    user_id: Annotated[str, Path(description="External user id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    k: Annotated[int, Query(description="How many users to return (1..DCMC_MAX_K)")] = 10,
+) -> SimilarUsersResponse:
+    """The k other users with the highest scaled cosine s_r of their embeddings, most similar first."""
+    if not 1 <= k <= settings.max_k:
+        raise HTTPException(
+            status_code=422,
+            detail=[{"loc": ["query", "k"], "type": "out_of_range",
+                     "msg": f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {k}"}],
+        )
+    try:
+        user_idx = scorer.artifact.users.index(user_id)
+    except UnknownIdError as exc:
+        raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_users": exc.missing}) from None
+    idx, scores = scorer.similar_users(user_idx, k)
+    users = scorer.artifact.users
+    return SimilarUsersResponse(
+        user=user_id, model_version=scorer.version,
+        similar=[
+            SimilarUser(user=users.external(int(i)), score=float(s)) for i, s in zip(idx, scores, strict=True)
+        ],
+    )

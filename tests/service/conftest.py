@@ -1,0 +1,152 @@
+"""Service fixtures: a real `dcmc serve` process over HTTP, real Redis servers, the tiny artifact."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+DCMC = str(Path(sys.executable).with_name("dcmc"))
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_argv(artifacts: Path | str, port: int, workers: int = 1) -> list[str]:
+    """The `dcmc serve` command line the tests run (docker-compose's api runs the same flags)."""
+    return [DCMC, "serve", "--artifacts", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(workers)]
+
+
+class Service:
+    """`dcmc serve` as a child process, the way docker-compose runs it."""
+
+    def __init__(self, artifacts: Path, env: dict[str, str], workers: int = 1) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = serve_argv(artifacts, self.port, workers)
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("DCMC_") and k != "REDIS_URL"}
+        self.proc = subprocess.Popen(
+            self.argv, env={**clean, "DCMC_LOG_LEVEL": "warning", **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def wait_ready(self, timeout: float = 60) -> Service:
+        """Block until /ready answers 200 (fails with the process output if it exits)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited with {self.proc.returncode}:\n{self.proc.stdout.read()}")  # type: ignore[union-attr]
+            try:
+                if self.client.get("/ready").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.url} not ready after {timeout}s")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The current value of one sample of /metrics (0 when absent)."""
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            if key == (f"{name}{{{want}}}" if want else name):
+                return float(value)
+        return 0.0
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class RedisServer:
+    """A throw-away redis-server on its own port (no persistence)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+        for _ in range(100):
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_client() -> Iterator[redis.Redis]:
+    """The shared Redis at 127.0.0.1:6379 (skips when it does not answer)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A Redis key prefix of this test session; its keys are deleted at the end."""
+    prefix = f"dcmc-test-{uuid.uuid4().hex[:8]}"
+    yield prefix
+    keys = list(redis_client.scan_iter(f"{prefix}:*", count=1000))
+    if keys:
+        redis_client.delete(*keys)
+
+
+@pytest.fixture(scope="session")
+def service(tiny_artifact: Path, key_prefix: str) -> Iterator[Service]:
+    """`dcmc serve` on the tiny artifact with the shared Redis."""
+    svc = Service(tiny_artifact, {"REDIS_URL": REDIS_URL, "DCMC_REDIS_KEY_PREFIX": key_prefix})
+    try:
+        yield svc.wait_ready()
+    finally:
+        svc.stop()
+
+
+@pytest.fixture()
+def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny artifact, safe to tamper with."""
+    return Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))

@@ -1,0 +1,133 @@
+"""HTTP API against a real `dcmc serve` process with the shared Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from model.artifact import load_artifact
+from tests.service.conftest import Service
+from training.evaluate import predict_ratings
+
+ITEMS = ["i3", "i0", "i17", "i42", "i8", "i25", "i31", "i3", "i49", "i11"]
+
+
+def test_predictions_equal_the_offline_evaluator(service: Service, tiny_artifact: Path) -> None:
+    artifact = load_artifact(tiny_artifact)
+    assert artifact.inference.mode == "paper"
+    for user in ("u0", "u7", "u59"):
+        r = service.client.post("/predict", json={"user": user, "items": ITEMS, "distribution": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["user"] == user
+        assert body["model_version"] == artifact.model_version
+        assert [p["item"] for p in body["predictions"]] == ITEMS
+        rows = artifact.users.indices([user] * len(ITEMS))
+        cols = artifact.items.indices(ITEMS)
+        expected = predict_ratings(artifact, rows, cols, artifact.inference)
+        got = np.array([p["rating"] for p in body["predictions"]])
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+        levels = artifact.levels
+        assert ((got >= levels[0]) & (got <= levels[-1])).all()
+        dist = np.array([p["distribution"] for p in body["predictions"]])
+        np.testing.assert_allclose(dist.sum(axis=1), 1.0, atol=1e-9)
+        np.testing.assert_allclose(dist @ levels, got, atol=1e-9)
+
+
+def test_distribution_is_omitted_unless_asked(service: Service) -> None:
+    r = service.client.post("/predict", json={"user": "u1", "items": ["i1", "i2"]})
+    assert r.status_code == 200
+    assert all("distribution" not in p for p in r.json()["predictions"])
+
+
+def test_similar_users_equal_a_brute_force_ranking(service: Service, tiny_artifact: Path) -> None:
+    artifact = load_artifact(tiny_artifact)
+    emb = artifact.user_embeddings.astype(np.float64)
+    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    for user, k in (("u0", 10), ("u33", 5), ("u12", 59), ("u12", 100)):
+        r = service.client.get(f"/similar-users/{user}", params={"k": k})
+        assert r.status_code == 200, r.text
+        i = artifact.users.index(user)
+        scores = {artifact.users.external(j): (1 + unit[i] @ unit[j]) / 2 for j in range(len(unit)) if j != i}
+        ranking = sorted(scores, key=lambda u: -scores[u])[: min(k, len(unit) - 1)]
+        got = r.json()["similar"]
+        assert [s["user"] for s in got] == ranking
+        np.testing.assert_allclose([s["score"] for s in got], [scores[u] for u in ranking], atol=1e-12)
+
+
+def test_ops_routes(service: Service) -> None:
+    assert service.client.get("/ready").json()["ready"] is True
+    health = service.client.get("/health").json()
+    assert health == {"status": "ok", "model_version": health["model_version"], "redis": "ok"}
+    assert service.client.get("/docs").status_code == 200
+    assert "/predict" in service.client.get("/openapi.json").json()["paths"]
+    service.client.post("/predict", json={"user": "u1", "items": ["i1"]})
+    assert service.metric("dcmc_http_requests_total", route="/predict", method="POST", status="200") >= 1
+    assert service.metric("dcmc_http_request_duration_seconds_count", route="/predict", method="POST") >= 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"user": "nobody", "items": ["i1"]}, 404, "unknown user id(s): 'nobody'"),
+        ({"user": "u1", "items": ["i1", "zz", "yy", "zz"]}, 404, "unknown item id(s): 'zz', 'yy'"),
+        ({"user": "u1", "items": []}, 422, "at least 1 item"),
+        ({"user": "u1", "items": ["i1"] * 1001}, 422, "at most 1000"),
+        ({"user": 1, "items": ["i1"]}, 422, "valid string"),
+        ({"user": "u1", "items": "i1"}, 422, "valid list"),
+        ({"user": "u1", "items": [None]}, 422, "valid string"),
+        ({"user": "u1"}, 422, "Field required"),
+        ({"user": "u1", "items": ["i1"], "distribution": "maybe"}, 422, "valid boolean"),
+        ({"user": "u1", "items": ["i1"], "extra": 1}, 422, "Extra inputs"),
+        ([1, 2], 422, "valid dictionary"),
+    ],
+)
+def test_predict_rejects_bad_input(service: Service, body: object, status: int, needle: str) -> None:
+    r = service.client.post("/predict", json=body)
+    assert r.status_code == status, r.text
+    assert needle in r.text
+
+
+def test_unknown_user_and_items_are_listed_together(service: Service) -> None:
+    r = service.client.post("/predict", json={"user": "nobody", "items": ["i1", "zz"]})
+    assert r.status_code == 404
+    assert r.json()["detail"]["unknown_users"] == ["nobody"]
+    assert r.json()["detail"]["unknown_items"] == ["zz"]
+
+
+def test_malformed_json_is_a_422(service: Service) -> None:
+    r = service.client.post("/predict", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    assert "JSON decode error" in r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "needle"),
+    [
+        ("/similar-users/nobody", 404, "unknown user id(s): 'nobody'"),
+        ("/similar-users/u1?k=0", 422, "k must lie in 1..100"),
+        ("/similar-users/u1?k=101", 422, "k must lie in 1..100"),
+        ("/similar-users/u1?k=ten", 422, "valid integer"),
+        ("/no-such-route", 404, "Not Found"),
+    ],
+)
+def test_get_routes_reject_bad_input(service: Service, path: str, status: int, needle: str) -> None:
+    r = service.client.get(path)
+    assert r.status_code == status, r.text
+    assert needle in r.text
+
+
+def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
+    async def fire() -> list[int]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=service.url, timeout=60, limits=limits) as client:
+            bodies = [{"user": f"u{n % 60}", "items": [f"i{(n + j) % 50}" for j in range(20)]}
+                      for n in range(200)]
+            calls = [client.post("/predict", json=body) for body in bodies]
+            return [r.status_code for r in await asyncio.gather(*calls)]
+
+    assert asyncio.run(fire()) == [200] * 200
