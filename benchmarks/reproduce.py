@@ -44,11 +44,30 @@ def _run(cmd: list[str]) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def one_run(dataset: str, config: str, seed: int, data_dir: str, runs: Path, epochs: int | None) -> list[dict[str, Any]]:
+def one_run(
+    dataset: str, config: str, seed: int, data_dir: str, runs: Path, epochs: int | None
+) -> list[dict[str, Any]]:
     """Train one model and evaluate it in every inference mode of its configuration."""
     out = runs / f"{dataset}-{config}-seed{seed}"
-    cmd = [sys.executable, "-m", "training.cli", "train", "--dataset", dataset, "--data-dir", data_dir,
-           "--out", str(out), "--preset", config, "--seed", str(seed), "--threads", "1", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "training.cli",
+        "train",
+        "--dataset",
+        dataset,
+        "--data-dir",
+        data_dir,
+        "--out",
+        str(out),
+        "--preset",
+        config,
+        "--seed",
+        str(seed),
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     if epochs is not None:
         cmd += ["--epochs", str(epochs)]
     t0 = time.perf_counter()
@@ -56,13 +75,39 @@ def one_run(dataset: str, config: str, seed: int, data_dir: str, runs: Path, epo
     train_seconds = time.perf_counter() - t0
     records = []
     for mode in MODES[config]:
-        ev = json.loads(_run([sys.executable, "-m", "training.cli", "evaluate", "--artifacts", str(out),
-                              "--data-dir", data_dir, "--inference", mode, "--seed", str(seed)]))
-        records.append({
-            "dataset": dataset, "config": config, "seed": seed, "inference": mode,
-            "rmse": ev["rmse"], "mae": ev["mae"], "n": ev["n"], "eval_seconds": ev["seconds"],
-            "train_seconds": round(train_seconds, 1), "epochs": train["epochs"], "val_rmse": train["val_rmse"],
-        })
+        ev = json.loads(
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "training.cli",
+                    "evaluate",
+                    "--artifacts",
+                    str(out),
+                    "--data-dir",
+                    data_dir,
+                    "--inference",
+                    mode,
+                    "--seed",
+                    str(seed),
+                ]
+            )
+        )
+        records.append(
+            {
+                "dataset": dataset,
+                "config": config,
+                "seed": seed,
+                "inference": mode,
+                "rmse": ev["rmse"],
+                "mae": ev["mae"],
+                "n": ev["n"],
+                "eval_seconds": ev["seconds"],
+                "train_seconds": round(train_seconds, 1),
+                "epochs": train["epochs"],
+                "val_rmse": train["val_rmse"],
+            }
+        )
     return records
 
 
@@ -79,25 +124,29 @@ def summarise(records: list[dict[str, Any]], command: str, commit: str) -> str:
         "",
         f"- command: `{command}`",
         f"- commit: `{commit}`",
-        f"- machine: {platform.machine()}, {platform.processor() or 'cpu'}, 2 cores, one torch thread per run",
+        f"- machine: {platform.machine()}, 2 cores, one torch thread per run",
         f"- written: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        "- `default`: `dcmc train` defaults (block epochs, base network trained alone); `paper`: the paper's",
-        "  procedure read literally (300 epochs counted as passes over the rows, mean-field layers trained,",
-        "  32 x 64 batches). Inference `none` = base network, `paper` = mean-field over random 32 x 64",
-        "  subsets of known + test entries, 10 partitions averaged. Mean ± std over the seeds listed.",
+        "- `default`: `dcmc train` defaults (block epochs, base network trained alone).",
+        "- `paper`: the paper's procedure read literally (300 epochs counted as passes over the rows,",
+        "  mean-field layers trained, 32 x 64 batches).",
+        "- inference `none`: base network only; `paper`: mean-field over random 32 x 64 subsets of the",
+        "  known + test entries, 10 partitions averaged. Mean ± std over the seeds listed.",
         "",
         "| dataset | config | inference | seeds | RMSE | MAE | paper DCMC RMSE / MAE | best published RMSE |"
         " train s / run | eval s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = sorted({(r["dataset"], r["config"], r["inference"]) for r in records},
-                  key=lambda k: (list(PAPER).index(k[0]) if k[0] in PAPER else 99, k[1], k[2]))
+    keys = sorted(
+        {(r["dataset"], r["config"], r["inference"]) for r in records},
+        key=lambda k: (list(PAPER).index(k[0]) if k[0] in PAPER else 99, k[1], k[2]),
+    )
     for ds, cfg, mode in keys:
         rs = [r for r in records if (r["dataset"], r["config"], r["inference"]) == (ds, cfg, mode)]
         digits = 2 if ds == "yahoo_music" else 4
         paper = PAPER.get(ds)
+        seeds = ",".join(str(s) for s in sorted(r["seed"] for r in rs))
         lines.append(
-            f"| {ds} | {cfg} | {mode} | {','.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} | "
+            f"| {ds} | {cfg} | {mode} | {seeds} | "
             f"{_fmt([r['rmse'] for r in rs], digits)} | {_fmt([r['mae'] for r in rs], digits)} | "
             f"{f'{paper[0]} / {paper[1]}' if paper else '-'} | {BEST_PUBLISHED.get(ds, '-')} | "
             f"{mean(r['train_seconds'] for r in rs):.0f} | {mean(r['eval_seconds'] for r in rs):.1f} |"
@@ -107,7 +156,9 @@ def summarise(records: list[dict[str, Any]], command: str, commit: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "datasets"))
     parser.add_argument("--datasets", nargs="+", default=list(PAPER))
     parser.add_argument("--configs", nargs="+", default=["default", "paper"], choices=list(MODES))
@@ -121,12 +172,20 @@ def main(argv: list[str] | None = None) -> int:
     stem = Path(args.results)
     stem.parent.mkdir(parents=True, exist_ok=True)
     jsonl = stem.with_suffix(".jsonl")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     done: list[dict[str, Any]] = []
     if jsonl.exists():
         done = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     finished = {(r["dataset"], r["config"], r["seed"]) for r in done}
-    todo = [(d, c, s) for c in args.configs for s in args.seeds for d in args.datasets if (d, c, s) not in finished]
+    todo = [
+        (d, c, s)
+        for c in args.configs
+        for s in args.seeds
+        for d in args.datasets
+        if (d, c, s) not in finished
+    ]
     print(f"{len(todo)} runs to do, {len(finished)} already recorded in {jsonl}", flush=True)
     runs = Path(args.runs)
 
@@ -136,8 +195,14 @@ def main(argv: list[str] | None = None) -> int:
             r["commit"] = commit
         with open(jsonl, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-        print(" ".join(f"{r['dataset']}/{r['config']}/seed{r['seed']}/{r['inference']}: rmse {r['rmse']:.4f}"
-                       f" ({r['train_seconds']:.0f} s)" for r in records), flush=True)
+        print(
+            " ".join(
+                f"{r['dataset']}/{r['config']}/seed{r['seed']}/{r['inference']}: rmse {r['rmse']:.4f}"
+                f" ({r['train_seconds']:.0f} s)"
+                for r in records
+            ),
+            flush=True,
+        )
         return records
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

@@ -55,8 +55,12 @@ def _bodies(artifacts: Path, n_items: int, count: int, seed: int) -> list[str]:
     items = json.loads((artifacts / "item_ids.json").read_text())
     rng = np.random.default_rng(seed)
     return [
-        json.dumps({"user": users[rng.integers(len(users))],
-                    "items": [items[j] for j in rng.choice(len(items), n_items, replace=False)]})
+        json.dumps(
+            {
+                "user": users[rng.integers(len(users))],
+                "items": [items[j] for j in rng.choice(len(items), n_items, replace=False)],
+            }
+        )
         for _ in range(count)
     ]
 
@@ -100,8 +104,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--items", type=int, default=100)
-    parser.add_argument("--inference", choices=("artifact", "paper", "none"), default="artifact",
-                        help="artifact: the artifact's own setting; paper/none: DCMC_INFERENCE_MODE override")
+    parser.add_argument(
+        "--inference",
+        choices=("artifact", "paper", "none"),
+        default="artifact",
+        help="artifact: the artifact's own setting; paper/none: DCMC_INFERENCE_MODE override",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="DCMC_X=V", help="extra service env")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -113,8 +121,18 @@ def main() -> int:
         env["DCMC_INFERENCE_MODE"] = args.inference
     env.update(kv.split("=", 1) for kv in args.set)
     dcmc = str(Path(sys.executable).with_name("dcmc"))
-    argv = [dcmc, "serve", "--artifacts", str(args.artifacts), "--host", "127.0.0.1", "--port", str(port),
-            "--workers", str(args.workers)]
+    argv = [
+        dcmc,
+        "serve",
+        "--artifacts",
+        str(args.artifacts),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(args.workers),
+    ]
     print("$", " ".join(argv), f"(REDIS_URL={args.redis_url}, inference={args.inference})", flush=True)
     proc = subprocess.Popen(argv, env=env)
     try:
@@ -139,10 +157,14 @@ def main() -> int:
         h = results[("health", c)]
         for route in ("health", "predict"):
             r = results[(route, c)]
-            ratio = (f"{r['rps'] / h['rps']:.2f}  {r['p50_ms'] / h['p50_ms']:.1f}x  "
-                     f"{r['p99_ms'] / h['p99_ms']:.1f}x")
-            print(f"{route:<10}{c:>5}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}   "
-                  + (ratio if route == "predict" else "-"))
+            ratio = (
+                f"{r['rps'] / h['rps']:.2f}  {r['p50_ms'] / h['p50_ms']:.1f}x  "
+                f"{r['p99_ms'] / h['p99_ms']:.1f}x"
+            )
+            print(
+                f"{route:<10}{c:>5}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}   "
+                + (ratio if route == "predict" else "-")
+            )
     print(json.dumps({f"{k[0]}@{k[1]}": v for k, v in results.items()}))
     return 0
 

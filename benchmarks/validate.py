@@ -29,7 +29,9 @@ SUBSETS = ((32, 64), (16, 32), (64, 128))
 
 def main(argv: list[str] | None = None) -> int:
     """Train once and print the validation RMSE of `none` and of `paper` at several subset sizes."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "datasets"))
     parser.add_argument("--epochs", type=int, required=True)
@@ -42,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     settings["lr_halve_every"] = str(args.halve_every)
     out = Path(args.out) / f"{args.dataset}-{args.epochs}-{args.halve_every}"
     t0 = time.perf_counter()
-    metrics = run_training(args.dataset, args.data_dir, out, epochs=args.epochs, settings=settings, progress=False)
+    metrics = run_training(
+        args.dataset, args.data_dir, out, epochs=args.epochs, settings=settings, progress=False
+    )
     result: dict[str, object] = {
         "dataset": args.dataset,
         "epochs": args.epochs,

@@ -56,8 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dcmc serve: error: {exc}", file=sys.stderr)
         return 2
     uvicorn.run(
-        "service.main:app_factory", factory=True, host=args.host, port=args.port, workers=args.workers,
-        log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=10,
+        "service.main:app_factory",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
     )
     return 0
 

@@ -77,12 +77,22 @@ class RedisTier:
     """The shared tier: float32 vectors under `<prefix>:<version>:<kind>:<external id>`, with a breaker."""
 
     def __init__(
-        self, url: str, *, prefix: str, version: str, dim: int, timeout_s: float, retry_s: float,
+        self,
+        url: str,
+        *,
+        prefix: str,
+        version: str,
+        dim: int,
+        timeout_s: float,
+        retry_s: float,
         metrics: Metrics,
     ) -> None:
         self.client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0), health_check_interval=0,
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
         )
         self.url = url
         self.namespace = f"{prefix}:{version}"
@@ -109,8 +119,12 @@ class RedisTier:
             self._down_until = time.monotonic() + self.retry_s
             was_healthy, self._healthy = self._healthy, False
         if was_healthy:
-            log.warning("Redis at %s failed (%s); serving without it, retrying every %.1fs",
-                        self.url, exc, self.retry_s)
+            log.warning(
+                "Redis at %s failed (%s); serving without it, retrying every %.1fs",
+                self.url,
+                exc,
+                self.retry_s,
+            )
 
     def _succeeded(self) -> None:
         if self._healthy:
@@ -200,8 +214,12 @@ class RedisTier:
             self._failed(exc)
             return "unavailable"
         self._succeeded()
-        log.info("wrote %d embeddings to Redis under %s:* in %.2fs", count, self.namespace,
-                 time.perf_counter() - start)
+        log.info(
+            "wrote %d embeddings to Redis under %s:* in %.2fs",
+            count,
+            self.namespace,
+            time.perf_counter() - start,
+        )
         return "written"
 
     def close(self) -> None:
@@ -213,8 +231,12 @@ class EmbeddingStore:
     """Embeddings by internal index through the local tier, Redis, then the ONNX branches."""
 
     def __init__(
-        self, local: LocalTier, shared: RedisTier | None, external_ids: dict[Kind, Sequence[str]],
-        compute: Compute, metrics: Metrics,
+        self,
+        local: LocalTier,
+        shared: RedisTier | None,
+        external_ids: dict[Kind, Sequence[str]],
+        compute: Compute,
+        metrics: Metrics,
     ) -> None:
         self.local = local
         self.shared = shared

@@ -29,23 +29,33 @@ class Metrics:
         self.multiprocess_dir = multiprocess_dir
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "dcmc_http_requests", "HTTP requests by route template, method and status.",
-            ["route", "method", "status"], registry=self.registry,
+            "dcmc_http_requests",
+            "HTTP requests by route template, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "dcmc_http_request_duration_seconds", "Time from request to the end of the response, by route.",
-            ["route", "method"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            "dcmc_http_request_duration_seconds",
+            "Time from request to the end of the response, by route.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.cache = Counter(
-            "dcmc_embedding_cache", "Embedding look-ups by tier (local, redis) and result (hit, miss).",
-            ["tier", "result"], registry=self.registry,
+            "dcmc_embedding_cache",
+            "Embedding look-ups by tier (local, redis) and result (hit, miss).",
+            ["tier", "result"],
+            registry=self.registry,
         )
         self.computed = Counter(
-            "dcmc_embeddings_computed", "Embeddings recomputed by the ONNX branches (in neither tier).",
-            ["kind"], registry=self.registry,
+            "dcmc_embeddings_computed",
+            "Embeddings recomputed by the ONNX branches (in neither tier).",
+            ["kind"],
+            registry=self.registry,
         )
         self.redis_errors = Counter(
-            "dcmc_redis_errors", "Redis calls that failed (the request went on without Redis).",
+            "dcmc_redis_errors",
+            "Redis calls that failed (the request went on without Redis).",
             registry=self.registry,
         )
 

@@ -14,7 +14,7 @@ class PredictRequest(BaseModel):
         extra="forbid", json_schema_extra={"examples": [{"user": "196", "items": ["242", "302"]}]}
     )
 
-    user: str = Field(min_length=1, description="External user id, as in the dataset (MovieLens: \"196\").")
+    user: str = Field(min_length=1, description='External user id, as in the dataset (MovieLens: "196").')
     items: list[str] = Field(min_length=1, description="External item ids; answered in this order.")
     distribution: bool = Field(default=False, description="Also return each rating's label distribution.")
 

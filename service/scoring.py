@@ -57,7 +57,8 @@ class Scorer:
         model_changes = {k: v for k, v in overrides if v is not None}
         self.model_config = replace(config, **model_changes)
         inference_changes: dict[str, Any] = {
-            k: getattr(settings, k) for k in ("repeats", "subset_rows", "subset_cols", "seed")
+            k: getattr(settings, k)
+            for k in ("repeats", "subset_rows", "subset_cols", "seed")
             if getattr(settings, k) is not None
         }
         if settings.inference_mode is not None:
@@ -65,8 +66,12 @@ class Scorer:
         self.inference: InferenceConfig = replace(artifact.inference, **inference_changes)
         model = artifact.scoring_model()
         self.model = ScoringModel(
-            config=self.model_config, user_emb=model.user_emb, item_emb=model.item_emb,
-            bilinear=model.bilinear, known_rows=model.known_rows, known_cols=model.known_cols,
+            config=self.model_config,
+            user_emb=model.user_emb,
+            item_emb=model.item_emb,
+            bilinear=model.bilinear,
+            known_rows=model.known_rows,
+            known_cols=model.known_cols,
         )
         self.levels = artifact.levels
         self.onnx = OnnxNetwork(artifact.path, threads=settings.onnx_threads)
@@ -79,14 +84,21 @@ class Scorer:
         shared = None
         if settings.redis_url:
             shared = RedisTier(
-                settings.redis_url, prefix=settings.redis_key_prefix, version=self.version,
-                dim=self.model_config.embedding_dim, timeout_s=settings.redis_timeout_s,
-                retry_s=settings.redis_retry_s, metrics=metrics,
+                settings.redis_url,
+                prefix=settings.redis_key_prefix,
+                version=self.version,
+                dim=self.model_config.embedding_dim,
+                timeout_s=settings.redis_timeout_s,
+                retry_s=settings.redis_retry_s,
+                metrics=metrics,
             )
             shared.on_recover = self._populate_in_background
         self.store = EmbeddingStore(
-            LocalTier(settings.local_cache_size), shared,
-            {"user": artifact.users.ids, "item": artifact.items.ids}, self._compute, metrics,
+            LocalTier(settings.local_cache_size),
+            shared,
+            {"user": artifact.users.ids, "item": artifact.items.ids},
+            self._compute,
+            metrics,
         )
 
     # -- start-up ----------------------------------------------------------------------------------------
@@ -95,8 +107,12 @@ class Scorer:
         start = time.perf_counter()
         if self.inference.mode == "paper" and self.model_config.mf_layers > 0:
             self.model.partitions(self.inference)
-        log.info("model %s ready in %.2fs (inference %s)", self.version, time.perf_counter() - start,
-                 self.inference)
+        log.info(
+            "model %s ready in %.2fs (inference %s)",
+            self.version,
+            time.perf_counter() - start,
+            self.inference,
+        )
 
     def populate(self) -> str:
         """Seed the tiers: Redis gets every embedding (once per version), else the local tier does."""
@@ -145,8 +161,13 @@ class Scorer:
         rows = np.full(k, user, dtype=np.int64)
         # The query's base-network probabilities come from the cached embeddings (float32 -> float64, the
         # same numbers the offline evaluator reads from the artifact's tables).
-        probs = label_probabilities(user_vec.astype(np.float64), item_vecs.astype(np.float64),
-                                    self.model.bilinear, np.zeros(k, dtype=np.int64), np.arange(k))
+        probs = label_probabilities(
+            user_vec.astype(np.float64),
+            item_vecs.astype(np.float64),
+            self.model.bilinear,
+            np.zeros(k, dtype=np.int64),
+            np.arange(k),
+        )
         # One mean-field run at a time per worker: the batches are large numpy arrays, and threads running
         # them side by side thrash memory without adding throughput (workers use the cores).
         with self._engine_lock:

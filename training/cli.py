@@ -104,7 +104,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         data = write_csv(out.parent / f"{out.name}-data" / "ratings.csv", low_rank_ratings(300, 200, 4, 0.2))
         print(f"training on a generated 300 x 200 rating matrix ({data})...", file=sys.stderr)
         run_training(
-            "csv", data, out, split="random", epochs=40,
+            "csv",
+            data,
+            out,
+            split="random",
+            epochs=40,
             settings={"block_rows": "100", "block_cols": "100", "lr_halve_every": "15"},
         )
         user, items = "u0", ["i1", "i2", "i3"]

@@ -119,9 +119,7 @@ def block_loss(
     """Cross-entropy of the last layer plus beta times the similarity MSE on one block."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
-    _, log_q, sim = model(
-        matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers
-    )
+    _, log_q, sim = model(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers)
     labels = torch.from_numpy(level_index(block.values, levels))
     ce = F.nll_loss(log_q, labels)
     values = torch.from_numpy(block.values.astype(np.float32))

@@ -15,8 +15,10 @@ router = APIRouter(tags=["predictions"])
     "/predict",
     response_model=PredictResponse,
     response_model_exclude_none=True,
-    responses={404: {"description": "Unknown user or item ids (all listed)"},
-               422: {"description": "Empty, oversized or mistyped request"}},
+    responses={
+        404: {"description": "Unknown user or item ids (all listed)"},
+        422: {"description": "Empty, oversized or mistyped request"},
+    },
 )
 def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep) -> PredictResponse:
     """Predict the ratings of `items` by `user`, in request order.
@@ -27,9 +29,14 @@ def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep) -> P
     if len(body.items) > settings.max_items:
         raise HTTPException(
             status_code=422,
-            detail=[{"loc": ["body", "items"], "type": "too_long",
-                     "msg": f"items has {len(body.items)} ids; at most {settings.max_items} are allowed "
-                            "(setting DCMC_MAX_ITEMS)"}],
+            detail=[
+                {
+                    "loc": ["body", "items"],
+                    "type": "too_long",
+                    "msg": f"items has {len(body.items)} ids; at most {settings.max_items} are allowed "
+                    "(setting DCMC_MAX_ITEMS)",
+                }
+            ],
         )
     artifact = scorer.artifact
     unknown: dict[str, list[str]] = {}
@@ -43,8 +50,11 @@ def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep) -> P
     except UnknownIdError as exc:
         unknown["unknown_items"] = exc.missing
     if user_idx is None or items_idx is None:
-        parts = [f"unknown {kind.removeprefix('unknown_')[:-1]} id(s): {', '.join(map(repr, ids[:20]))}"
-                 + (f" (and {len(ids) - 20} more)" if len(ids) > 20 else "") for kind, ids in unknown.items()]
+        parts = [
+            f"unknown {kind.removeprefix('unknown_')[:-1]} id(s): {', '.join(map(repr, ids[:20]))}"
+            + (f" (and {len(ids) - 20} more)" if len(ids) > 20 else "")
+            for kind, ids in unknown.items()
+        ]
         raise HTTPException(status_code=404, detail={"msg": "; ".join(parts), **unknown})
     ratings, dist = scorer.predict(user_idx, items_idx)
     with_dist = body.distribution

@@ -28,8 +28,13 @@ def similar_users(
     if not 1 <= k <= settings.max_k:
         raise HTTPException(
             status_code=422,
-            detail=[{"loc": ["query", "k"], "type": "out_of_range",
-                     "msg": f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {k}"}],
+            detail=[
+                {
+                    "loc": ["query", "k"],
+                    "type": "out_of_range",
+                    "msg": f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {k}",
+                }
+            ],
         )
     try:
         user_idx = scorer.artifact.users.index(user_id)
@@ -38,7 +43,8 @@ def similar_users(
     idx, scores = scorer.similar_users(user_idx, k)
     users = scorer.artifact.users
     return SimilarUsersResponse(
-        user=user_id, model_version=scorer.version,
+        user=user_id,
+        model_version=scorer.version,
         similar=[
             SimilarUser(user=users.external(int(i)), score=float(s)) for i, s in zip(idx, scores, strict=True)
         ],

@@ -30,8 +30,18 @@ def free_port() -> int:
 
 def serve_argv(artifacts: Path | str, port: int, workers: int = 1) -> list[str]:
     """The `dcmc serve` command line the tests run (docker-compose's api runs the same flags)."""
-    return [DCMC, "serve", "--artifacts", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
-            "--workers", str(workers)]
+    return [
+        DCMC,
+        "serve",
+        "--artifacts",
+        str(artifacts),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
 
 
 class Service:
@@ -43,8 +53,11 @@ class Service:
         self.argv = serve_argv(artifacts, self.port, workers)
         clean = {k: v for k, v in os.environ.items() if not k.startswith("DCMC_") and k != "REDIS_URL"}
         self.proc = subprocess.Popen(
-            self.argv, env={**clean, "DCMC_LOG_LEVEL": "warning", **env},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            self.argv,
+            env={**clean, "DCMC_LOG_LEVEL": "warning", **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
@@ -95,9 +108,21 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         client = redis.Redis.from_url(self.url)
         for _ in range(100):

@@ -125,8 +125,9 @@ def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
     async def fire() -> list[int]:
         limits = httpx.Limits(max_connections=200)
         async with httpx.AsyncClient(base_url=service.url, timeout=60, limits=limits) as client:
-            bodies = [{"user": f"u{n % 60}", "items": [f"i{(n + j) % 50}" for j in range(20)]}
-                      for n in range(200)]
+            bodies = [
+                {"user": f"u{n % 60}", "items": [f"i{(n + j) % 50}" for j in range(20)]} for n in range(200)
+            ]
             calls = [client.post("/predict", json=body) for body in bodies]
             return [r.status_code for r in await asyncio.gather(*calls)]
 

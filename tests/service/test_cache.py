@@ -28,8 +28,9 @@ def own_redis() -> Iterator[RedisServer]:
 @pytest.fixture(scope="module")
 def small_service(tiny_artifact: Path, own_redis: RedisServer) -> Iterator[Service]:
     """A service whose local tier holds 8 embeddings, so most look-ups reach Redis."""
-    svc = Service(tiny_artifact, {"REDIS_URL": own_redis.url, "DCMC_LOCAL_CACHE_SIZE": "8",
-                                  "DCMC_REDIS_RETRY_S": "0.2"})
+    svc = Service(
+        tiny_artifact, {"REDIS_URL": own_redis.url, "DCMC_LOCAL_CACHE_SIZE": "8", "DCMC_REDIS_RETRY_S": "0.2"}
+    )
     try:
         yield svc.wait_ready()
     finally:
@@ -43,8 +44,10 @@ def test_embeddings_are_in_redis_under_versioned_keys(
     client = redis.Redis.from_url(own_redis.url)
     v = artifact.model_version
     assert client.get(f"dcmc:{v}:loaded") == str(len(artifact.users) + len(artifact.items)).encode()
-    for kind, table, ids in (("user", artifact.user_embeddings, artifact.users.ids),
-                             ("item", artifact.item_embeddings, artifact.items.ids)):
+    for kind, table, ids in (
+        ("user", artifact.user_embeddings, artifact.users.ids),
+        ("item", artifact.item_embeddings, artifact.items.ids),
+    ):
         raw = client.mget([f"dcmc:{v}:{kind}:{x}" for x in ids])
         np.testing.assert_array_equal(np.stack([np.frombuffer(b, np.float32) for b in raw]), table)
 
