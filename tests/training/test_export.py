@@ -1,0 +1,53 @@
+"""The ONNX export agrees with torch, and the artifact's embeddings are the network's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.artifact import load_artifact
+from model.engine import OnnxNetwork, label_probabilities
+from model.network import DCMC
+
+
+def _dense(art, by: str) -> np.ndarray:  # type: ignore[no-untyped-def]
+    n, m = art.config.n_users, art.config.n_items
+    dense = np.zeros((n, m), dtype=np.float32)
+    dense[art.train_rows, art.train_cols] = art.train_values
+    return dense if by == "row" else dense.T.copy()
+
+
+def test_onnx_matches_torch_and_the_stored_embeddings(tiny_artifact: Path) -> None:
+    art = load_artifact(tiny_artifact)
+    metrics = json.loads((tiny_artifact / "metrics.json").read_text())
+    assert 0 <= metrics["onnx_parity_max_abs_diff"] <= 1e-5
+
+    model = DCMC(art.config)
+    model.load_state_dict(torch.load(tiny_artifact / "weights.pt", weights_only=True))
+    model.eval()
+    onnx = OnnxNetwork(tiny_artifact)
+    rows, cols = _dense(art, "row"), _dense(art, "col")
+    with torch.no_grad():
+        u_torch = model.embed_rows(torch.from_numpy(rows)).numpy()
+        v_torch = model.embed_cols(torch.from_numpy(cols)).numpy()
+    u_onnx, v_onnx = onnx.embed_users(rows), onnx.embed_items(cols)
+    np.testing.assert_allclose(u_onnx, u_torch, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(v_onnx, v_torch, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(art.user_embeddings, u_torch, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(art.item_embeddings, v_torch, atol=1e-5, rtol=1e-5)
+
+    # Dynamic batch axis: any batch size works; the decoder equals the numpy engine's bilinear softmax.
+    k = np.arange(7)
+    probs_onnx = onnx.probabilities(u_onnx[k], v_onnx[k])
+    probs_np = label_probabilities(
+        art.user_embeddings.astype(np.float64),
+        art.item_embeddings.astype(np.float64),
+        art.bilinear.astype(np.float64),
+        k,
+        k,
+    )
+    np.testing.assert_allclose(probs_onnx, probs_np, atol=1e-5)
+    assert onnx.embed_users(rows[:1]).shape == (1, art.config.embedding_dim)
