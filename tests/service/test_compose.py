@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,10 +58,12 @@ def test_containers_run_the_commands_the_tests_run() -> None:
     assert trainer[trainer.index("--out") + 1] == api[api.index("--artifacts") + 1] == "/artifacts/current"
     from training.cli import build_parser  # the flags exist in the real CLI
 
-    defaults = {"${TRAIN_EPOCHS:-20}": "20", "${TRAIN_THREADS:-2}": "2"}
-    parsed = build_parser().parse_args([defaults.get(a, a) for a in trainer[1:]])
-    assert parsed.dataset == "ml-100k"
-    parsed = build_parser().parse_args([a.replace("${API_WORKERS:-2}", "2") for a in api[1:]])
+    def with_defaults(args: list[str]) -> list[str]:  # compose's ${VAR:-default} with VAR unset
+        return [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", a) for a in args]
+
+    parsed = build_parser().parse_args(with_defaults(trainer[1:]))
+    assert parsed.dataset == "ml-100k" and parsed.epochs == 100
+    parsed = build_parser().parse_args(with_defaults(api[1:]))
     assert parsed.workers == 2 and parsed.host == "0.0.0.0"
 
 
