@@ -38,8 +38,6 @@ class TrainConfig:
     """sigma^2 of the ground-truth Gaussian similarity (paper: 3.5, YahooMusic 3000)."""
     train_mf: bool = True
     """Train through the mean-field layers (paper) or on the base network's probabilities alone."""
-    mask_targets: bool = False
-    """Zero a batch's own entries in the input rows/columns (predict them from the other ratings)."""
     val_fraction: float = 0.05
     """Share of the training entries held out for validation when the dataset has no validation split."""
     weight_decay: float = 0.0

@@ -108,20 +108,11 @@ def block_loss(
     mf_layers: int,
     beta: float,
     sigma2: float,
-    mask_targets: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Cross-entropy of the last layer plus beta times the similarity MSE on one block.
-
-    `mask_targets` zeroes the block's own entries in the input rows and columns, so the network predicts
-    them from the other ratings, as it must for unseen entries at test time.
-    """
+    """Cross-entropy of the last layer plus beta times the similarity MSE on one block."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
-    rows, cols = matrix.rows(block.rows), matrix.cols(block.cols)
-    if mask_targets:
-        rows[node_rows, torch.from_numpy(block.cols[block.node_cols])] = 0.0
-        cols[node_cols, torch.from_numpy(block.rows[block.node_rows])] = 0.0
-    _, log_q, sim = model(rows, cols, node_rows, node_cols, mf_layers)
+    _, log_q, sim = model(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers)
     labels = torch.from_numpy(nearest_level(block.values, levels))
     ce = F.nll_loss(log_q, labels)
     values = torch.from_numpy(block.values.astype(np.float32))
@@ -235,9 +226,7 @@ def train(
         net.train()
         losses: list[float] = []
         for block in blocks:
-            loss, _ = block_loss(
-                net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2, cfg.mask_targets
-            )
+            loss, _ = block_loss(net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
