@@ -148,6 +148,7 @@ class Artifact:
             bilinear=self.bilinear.astype(np.float64),
             known_rows=self.train_rows,
             known_cols=self.train_cols,
+            known_values=self.train_values,
         )
 
 

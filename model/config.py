@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-InferenceMode = Literal["paper", "none"]
+InferenceMode = Literal["paper", "none", "exact"]
+Scaling = Literal["sum", "scaled", "normalized"]
+MessageScaling = Literal["sum", "normalized"]
+KnownMode = Literal["predicted", "clamped"]
 
 
 class ConfigError(ValueError):
@@ -36,6 +39,9 @@ class ModelConfig:
     """Number T of unfolded mean-field layers (paper: 5)."""
     tau: float = 12.0
     """Truncation threshold of the quadratic label compatibility (paper: 12, YahooMusic 100)."""
+    message_scaling: MessageScaling = "sum"
+    """Messages of the mean-field layers in training and `paper` inference: summed over the nodes (`sum`,
+    the paper's) or divided by sum_l s(k, l) (`normalized`, independent of how many nodes a batch holds)."""
 
     def __post_init__(self) -> None:
         # Plain Python numbers only, so configs serialise to JSON and checkpoints load with weights_only.
@@ -51,6 +57,8 @@ class ModelConfig:
             raise ConfigError(f"hidden sizes must be positive, got {list(self.hidden)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.message_scaling not in ("sum", "normalized"):
+            raise ConfigError(f"message_scaling must be 'sum' or 'normalized', got {self.message_scaling!r}")
         if self.gamma < 0 or self.mf_layers < 0 or self.tau <= 0:
             raise ConfigError("gamma and mf_layers must be >= 0 and tau > 0")
 
@@ -89,7 +97,8 @@ class InferenceConfig:
     """Test-time procedure: CRFs over random row x column subsets, averaged over repeats."""
 
     mode: InferenceMode = "paper"
-    """`paper`: mean-field over random subsets of known + queried entries; `none`: base network only."""
+    """`paper`: mean-field over random subsets of known + queried entries; `none`: base network only;
+    `exact`: mean-field over all known entries with exact linear-time messages, queries attached."""
     subset_rows: int = 32
     """Rows per random subset."""
     subset_cols: int = 64
@@ -98,10 +107,24 @@ class InferenceConfig:
     """Number R of random partitions whose predictions are averaged."""
     seed: int = 0
     """Seed of the random partitions."""
+    scaling: Scaling = "normalized"
+    """`exact` only: messages as summed (`sum`, the paper's), times the expected share of nodes in a
+    subset_rows x subset_cols block (`scaled`), or divided by sum_l s(k, l) (`normalized`)."""
+    known: KnownMode = "predicted"
+    """`exact` only: known entries start from the base network's distributions and are updated
+    (`predicted`), or are fixed to their observed labels (`clamped`)."""
+    gamma: float | None = None
+    """Weight of the pairwise term at test time; None = the model's gamma."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("paper", "none"):
-            raise ConfigError(f"unknown inference mode {self.mode!r}; choose 'paper' or 'none'")
+        if self.mode not in ("paper", "none", "exact"):
+            raise ConfigError(f"unknown inference mode {self.mode!r}; choose 'paper', 'none' or 'exact'")
+        if self.scaling not in ("sum", "scaled", "normalized"):
+            raise ConfigError(f"unknown scaling {self.scaling!r}; choose 'sum', 'scaled' or 'normalized'")
+        if self.known not in ("predicted", "clamped"):
+            raise ConfigError(f"unknown known-entry mode {self.known!r}; choose 'predicted' or 'clamped'")
+        if self.gamma is not None and self.gamma < 0:
+            raise ConfigError(f"gamma must be >= 0, got {self.gamma}")
         if self.subset_rows < 1 or self.subset_cols < 1 or self.repeats < 1:
             raise ConfigError("subset_rows, subset_cols and repeats must be >= 1")
 

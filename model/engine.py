@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model import exact
 from model.config import InferenceConfig, ModelConfig
 
 
@@ -75,6 +76,7 @@ class ScoringModel:
     bilinear: np.ndarray  # (p, d, d) float64
     known_rows: np.ndarray  # (N,) int64
     known_cols: np.ndarray  # (N,) int64
+    known_values: np.ndarray | None = None  # (N,) float64; needed by `exact` with clamped known entries
 
     def __post_init__(self) -> None:
         self.levels = np.asarray(self.config.levels, dtype=np.float64)
@@ -83,7 +85,10 @@ class ScoringModel:
         self.item_unit = normalize_rows(self.item_emb)
         self._known_probs: np.ndarray | None = None
         self._partitions: dict[tuple[int, int, int, int], Partitions] = {}
+        self._fields: dict[tuple[object, ...], exact.KnownField] = {}
         self._lock = threading.Lock()
+        self.user_lifted = exact.lift(self.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
+        self.item_lifted = exact.lift(self.item_unit)
 
     @property
     def known_probs(self) -> np.ndarray:
@@ -102,6 +107,40 @@ class ScoringModel:
                 self.known_probs  # noqa: B018 - computed under the lock, once
                 self._partitions[key] = draw_partitions(self, inference)
             return self._partitions[key]
+
+    def gamma(self, inference: InferenceConfig) -> float:
+        """The pairwise weight in force: the inference override, else the model's."""
+        return self.config.gamma if inference.gamma is None else inference.gamma
+
+    def known_field(self, inference: InferenceConfig) -> exact.KnownField:
+        """The converged field of all known entries for an `exact` setting (computed once, then cached)."""
+        scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
+        gamma = self.gamma(inference)
+        key = (inference.scaling, inference.known, gamma, self.config.mf_layers, scale)
+        with self._lock:
+            if key not in self._fields:
+                if inference.known == "clamped" and self.known_values is None:
+                    raise ValueError("clamped known entries need the known ratings' values")
+                labels = (
+                    nearest_level(self.known_values, self.levels)
+                    if self.known_values is not None
+                    else np.zeros(len(self.known_rows), dtype=np.int64)
+                )
+                self._fields[key] = exact.known_field(
+                    self.user_lifted,
+                    self.item_lifted,
+                    self.known_rows,
+                    self.known_cols,
+                    self.known_probs,
+                    labels,
+                    self.compat,
+                    gamma,
+                    self.config.mf_layers,
+                    inference.scaling,
+                    scale,
+                    inference.known,
+                )
+            return self._fields[key]
 
     def probabilities(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """Base-network probabilities of arbitrary entries: (K, p)."""
@@ -209,7 +248,9 @@ def predict_entries(
     `none`: the base network's probabilities. `paper`: rows and columns are split at random into
     subsets; in each block (row subset x column subset) that holds a query, a CRF over the block's
     known entries and its queried entries runs the mean-field layers; the distributions from
-    `inference.repeats` random partitions are averaged. `query_probs` (K, p) replaces the base-network
+    `inference.repeats` random partitions are averaged. `exact`: the mean-field layers run over every
+    known entry with exact factorised messages (see model/exact.py) and each query receives the messages
+    of all known entries. `query_probs` (K, p) replaces the base-network
     probabilities of the queries (the service computes them from its cached embeddings).
     """
     rows = np.asarray(rows, dtype=np.int64)
@@ -218,6 +259,11 @@ def predict_entries(
         query_probs = model.probabilities(rows, cols)
     if inference.mode == "none" or model.config.mf_layers == 0 or len(rows) == 0:
         return query_probs
+    if inference.mode == "exact":
+        field = model.known_field(inference)
+        return exact.query_distributions(
+            field, model.user_lifted, model.item_lifted, rows, cols, query_probs, model.gamma(inference)
+        )
     parts = model.partitions(inference)
     # Every block that holds a query, over all repeats: (repeat, first known, known count, queries).
     rep_l, block_l, lo_l, hi_l, qorder_l, qcount_l = [], [], [], [], [], []
@@ -311,8 +357,16 @@ def _run_blocks(
     sim = np.take(parts.row_gram, row_base + rl[:, :, None] * sr + rl[:, None, :])
     sim *= np.take(parts.col_gram, col_base + cl[:, :, None] * sc + cl[:, None, :])
     sim *= mask[:, None, :]  # padding sends no messages
+    if model.config.message_scaling == "normalized":
+        sim /= np.maximum(sim.sum(axis=2, keepdims=True), 1e-12)
     final = mean_field(probs, sim, model.compat, model.config.gamma, model.config.mf_layers)
     np.add.at(total, queries, final[qb, qslot])
+
+
+def nearest_level(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Index of the rating level nearest to each value: (K,) int64."""
+    idx = np.clip(np.searchsorted(levels, values), 1, len(levels) - 1)
+    return np.where(values - levels[idx - 1] <= levels[idx] - values, idx - 1, idx).astype(np.int64)
 
 
 def expected_rating(probs: np.ndarray, levels: np.ndarray) -> np.ndarray:

@@ -36,13 +36,21 @@ def scaled_cosine(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def mean_field(
-    log_p: torch.Tensor, sim: torch.Tensor, compat: torch.Tensor, gamma: float, layers: int
+    log_p: torch.Tensor,
+    sim: torch.Tensor,
+    compat: torch.Tensor,
+    gamma: float,
+    layers: int,
+    normalized: bool = False,
 ) -> torch.Tensor:
     """Run `layers` unfolded mean-field iterations and return the final log-probabilities.
 
     log_p: (K, p) log label probabilities of the base network (unary = -log_p);
-    sim: (K, K) entry similarities; compat: (p, p) label compatibilities.
+    sim: (K, K) entry similarities; compat: (p, p) label compatibilities. `normalized` divides each
+    node's messages by sum_l s(k, l).
     """
+    if normalized:
+        sim = sim / sim.sum(dim=1, keepdim=True).clamp_min(1e-12)
     unary = -log_p  # (K, p)
     log_q = log_p
     for _ in range(layers):
@@ -50,6 +58,18 @@ def mean_field(
         messages = sim @ q_prime  # (K, p) message passing
         log_q = torch.log_softmax(-(unary + gamma * messages), dim=-1)
     return log_q
+
+
+def lift(x: torch.Tensor) -> torch.Tensor:
+    """a = [1, x / |x|] / sqrt(2), so that a . a' is the scaled cosine of x and x': (K, d) -> (K, d + 1)."""
+    return torch.cat([torch.ones_like(x[:, :1]), F.normalize(x, dim=-1)], dim=1) / 2.0**0.5
+
+
+def factorized_messages(a: torch.Tensor, b: torch.Tensor, q_prime: torch.Tensor) -> torch.Tensor:
+    """m_k = sum_l (a_k . a_l)(b_k . b_l) Q'_l without the K x K matrix: G_u = sum_l Q'_l[u] a_l b_l^T,
+    m_k[u] = a_k^T G_u b_k. a, b: (K, D) lifted node embeddings; q_prime: (K, p) -> (K, p)."""
+    g = torch.einsum("ki,ku,kj->uij", a, q_prime, b)  # (p, D, D)
+    return torch.einsum("ki,uij,kj->ku", a, g, b)
 
 
 class DCMC(nn.Module):
@@ -114,5 +134,6 @@ class DCMC(nn.Module):
         s_c = scaled_cosine(v, v)  # (bc, bc)
         sim = s_r[node_rows][:, node_rows] * s_c[node_cols][:, node_cols]  # (K, K)
         layers = self.config.mf_layers if mf_layers is None else mf_layers
-        log_q = mean_field(log_p, sim, self.compat, self.config.gamma, layers)
+        normalized = self.config.message_scaling == "normalized"
+        log_q = mean_field(log_p, sim, self.compat, self.config.gamma, layers, normalized)
         return log_p, log_q, sim

@@ -32,7 +32,7 @@ class PredictResponse(BaseModel):
 
     user: str
     model_version: str
-    inference: Literal["paper", "none"]
+    inference: Literal["paper", "none", "exact"]
     predictions: list[Prediction]
 
 

@@ -58,7 +58,7 @@ class Scorer:
         self.model_config = replace(config, **model_changes)
         inference_changes: dict[str, Any] = {
             k: getattr(settings, k)
-            for k in ("repeats", "subset_rows", "subset_cols", "seed")
+            for k in ("repeats", "subset_rows", "subset_cols", "seed", "scaling", "known")
             if getattr(settings, k) is not None
         }
         if settings.inference_mode is not None:
@@ -72,6 +72,7 @@ class Scorer:
             bilinear=model.bilinear,
             known_rows=model.known_rows,
             known_cols=model.known_cols,
+            known_values=model.known_values,
         )
         self.levels = artifact.levels
         self.onnx = OnnxNetwork(artifact.path, threads=settings.onnx_threads)
@@ -107,6 +108,8 @@ class Scorer:
         start = time.perf_counter()
         if self.inference.mode == "paper" and self.model_config.mf_layers > 0:
             self.model.partitions(self.inference)
+        if self.inference.mode == "exact" and self.model_config.mf_layers > 0:
+            self.model.known_field(self.inference)
         log.info(
             "model %s ready in %.2fs (inference %s)",
             self.version,

@@ -35,8 +35,13 @@ class Settings(BaseSettings):
     """Largest `items` list accepted by POST /predict."""
     max_k: PositiveInt = 100
     """Largest `k` accepted by GET /similar-users/{id}."""
-    inference_mode: Literal["paper", "none"] | None = None
-    """Override of the artifact's inference mode: `paper` (mean-field over random subsets) or `none`."""
+    inference_mode: Literal["paper", "none", "exact"] | None = None
+    """Override of the artifact's inference mode: `paper` (mean-field over random subsets), `exact`
+    (mean-field over every known entry with exact linear-time messages) or `none` (base network)."""
+    scaling: Literal["sum", "scaled", "normalized"] | None = None
+    """`exact` only: override of the message scaling."""
+    known: Literal["predicted", "clamped"] | None = None
+    """`exact` only: override of how known entries enter the CRF (updated, or fixed to their ratings)."""
     repeats: PositiveInt | None = None
     """Override of R, the number of random partitions averaged."""
     subset_rows: PositiveInt | None = None

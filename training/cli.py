@@ -71,13 +71,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from training.evaluate import evaluate
 
-    overrides = {}
-    if args.repeats is not None:
-        overrides["repeats"] = args.repeats
-    if args.subset_rows is not None:
-        overrides["subset_rows"] = args.subset_rows
-    if args.subset_cols is not None:
-        overrides["subset_cols"] = args.subset_cols
+    names = ("repeats", "subset_rows", "subset_cols", "scaling", "known", "gamma")
+    overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     result = evaluate(args.artifacts, args.data_dir, mode=args.inference, seed=args.seed, overrides=overrides)
     print(json.dumps(result))
     return 0
@@ -177,7 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="RMSE/MAE of an artifact on its test split (one JSON line)")
     e.add_argument("--artifacts", required=True)
     e.add_argument("--data-dir", required=True)
-    e.add_argument("--inference", choices=("paper", "none"), help="default: the artifact's setting")
+    e.add_argument("--inference", choices=("paper", "none", "exact"), help="default: the artifact's setting")
+    e.add_argument("--scaling", choices=("sum", "scaled", "normalized"), help="exact: message scaling")
+    e.add_argument("--known", choices=("predicted", "clamped"), help="exact: how known entries enter")
+    e.add_argument("--gamma", type=float, help="weight of the pairwise term at test time")
     e.add_argument("--seed", type=int, help="seed of the random subsets")
     e.add_argument("--repeats", type=int, help="number of random partitions averaged")
     e.add_argument("--subset-rows", type=int)

@@ -67,5 +67,10 @@ def evaluate(
         "subset_rows": inference.subset_rows,
         "subset_cols": inference.subset_cols,
         "repeats": inference.repeats,
+        **(
+            {"scaling": inference.scaling, "known": inference.known, "gamma": inference.gamma}
+            if inference.mode == "exact"
+            else {}
+        ),
         "seconds": round(seconds, 3),
     }

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model.config import ModelConfig
+from model.engine import nearest_level
 from model.network import DCMC
 from training.data import Entries
 from training.errors import TrainingError
@@ -99,14 +100,6 @@ def epoch_blocks(
     return [b for b in blocks if len(b.values) >= 2]
 
 
-def level_index(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Index of the nearest rating level of each value."""
-    idx = np.clip(np.searchsorted(levels, values), 1, len(levels) - 1)
-    left = levels[idx - 1]
-    right = levels[idx]
-    return np.where(values - left <= right - values, idx - 1, idx).astype(np.int64)
-
-
 def block_loss(
     model: torch.nn.Module,
     matrix: RatingMatrix,
@@ -120,7 +113,7 @@ def block_loss(
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
     _, log_q, sim = model(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers)
-    labels = torch.from_numpy(level_index(block.values, levels))
+    labels = torch.from_numpy(nearest_level(block.values, levels))
     ce = F.nll_loss(log_q, labels)
     values = torch.from_numpy(block.values.astype(np.float32))
     target = torch.exp(-((values[:, None] - values[None, :]) ** 2) / sigma2)  # (K, K)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -132,3 +133,23 @@ def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
             return [r.status_code for r in await asyncio.gather(*calls)]
 
     assert asyncio.run(fire()) == [200] * 200
+
+
+@pytest.mark.parametrize(("scaling", "known"), [("normalized", "predicted"), ("sum", "clamped")])
+def test_exact_predictions_equal_the_offline_evaluator(tiny_artifact: Path, scaling: str, known: str) -> None:
+    env = {"DCMC_INFERENCE_MODE": "exact", "DCMC_SCALING": scaling, "DCMC_KNOWN": known}
+    svc = Service(tiny_artifact, env).wait_ready()
+    try:
+        artifact = load_artifact(tiny_artifact)
+        r = svc.client.post("/predict", json={"user": "u5", "items": ITEMS})
+        assert r.status_code == 200, r.text
+        assert r.json()["inference"] == "exact"
+        inference = replace(artifact.inference, mode="exact", scaling=scaling, known=known)
+        rows, cols = artifact.users.indices(["u5"] * len(ITEMS)), artifact.items.indices(ITEMS)
+        expected = predict_ratings(artifact, rows, cols, inference)
+        got = np.array([p["rating"] for p in r.json()["predictions"]])
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+        none = predict_ratings(artifact, rows, cols, replace(inference, mode="none"))
+        assert not np.allclose(got, none)  # the known entries' messages do move the predictions
+    finally:
+        svc.stop()

@@ -14,10 +14,11 @@ import torch
 
 from model.artifact import load_artifact
 from model.config import ModelConfig
+from model.engine import nearest_level
 from training.config import preset
 from training.data import Entries, load_dataset
 from training.evaluate import evaluate
-from training.trainer import RatingMatrix, epoch_blocks, level_index, train
+from training.trainer import RatingMatrix, epoch_blocks, train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,7 +55,7 @@ def test_blocks_cover_every_entry_once_and_reshuffle() -> None:
 
 def test_level_index_picks_the_nearest_level() -> None:
     levels = np.array([0.5, 1.0, 1.5, 5.0])
-    assert level_index(np.array([0.5, 1.0, 1.2, 1.3, 4.0, 5.0]), levels).tolist() == [0, 1, 1, 2, 3, 3]
+    assert nearest_level(np.array([0.5, 1.0, 1.2, 1.3, 4.0, 5.0]), levels).tolist() == [0, 1, 1, 2, 3, 3]
 
 
 def test_training_beats_global_mean_by_a_wide_margin(tiny_artifact: Path, synthetic_csv: Path) -> None:
