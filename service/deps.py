@@ -1,4 +1,7 @@
-"""Dependencies as Annotated aliases, so handler signatures stay short."""
+"""Dependencies as Annotated aliases, so handler signatures stay short.
+
+They are `async` on purpose: FastAPI runs sync dependencies in its thread pool, one hop per request each.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +14,18 @@ from service.scoring import Scorer
 from service.settings import Settings
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def _scorer(request: Request) -> Scorer:
+async def _scorer(request: Request) -> Scorer:
     scorer = getattr(request.app.state, "scorer", None)
     if scorer is None:
         raise HTTPException(status_code=503, detail="the model is not loaded yet")
     return scorer  # type: ignore[no-any-return]
 
 
-def _metrics(request: Request) -> Metrics:
+async def _metrics(request: Request) -> Metrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
