@@ -124,7 +124,8 @@ def summarise(records: list[dict[str, Any]], command: str, commit: str) -> str:
         "# DCMC reproduction: test RMSE / MAE",
         "",
         f"- command: `{command}`",
-        f"- commit: `{commit}`",
+        f"- commit of this report: `{commit}`; runs recorded at: "
+        + ", ".join(f"`{c}`" for c in sorted({str(r.get("commit")) for r in records})),
         f"- machine: {platform.machine()}, 2 cores, one torch thread per run",
         f"- written: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         "- `default`: `dcmc train` defaults (block epochs, base network trained alone).",
@@ -165,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", nargs="+", default=["default", "paper"], choices=list(MODES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--epochs", type=int, help="override every preset's epochs (smoke runs only)")
+    parser.add_argument(
+        "--no-train",
+        action="store_true",
+        help="train nothing: evaluate recorded runs' missing settings, summarise",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one torch thread each)")
     parser.add_argument("--runs", default=str(REPO / "runs" / "reproduce"), help="where artifacts go")
     parser.add_argument("--results", default=str(RESULTS / "reproduce"), help="path stem of .jsonl and .md")
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.datasets
         if (d, c, s) not in finished
     ]
+    if args.no_train:
+        todo = []
     print(f"{len(todo)} runs to do, {len(finished)} already recorded in {jsonl}", flush=True)
     runs = Path(args.runs)
 
