@@ -106,9 +106,9 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=100)
     parser.add_argument(
         "--inference",
-        choices=("artifact", "paper", "none"),
+        choices=("artifact", "paper", "none", "exact"),
         default="artifact",
-        help="artifact: the artifact's own setting; paper/none: DCMC_INFERENCE_MODE override",
+        help="artifact: the artifact's own setting; otherwise a DCMC_INFERENCE_MODE override",
     )
     parser.add_argument("--set", action="append", default=[], metavar="DCMC_X=V", help="extra service env")
     args = parser.parse_args()
