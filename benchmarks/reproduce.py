@@ -132,7 +132,9 @@ def summarise(records: list[dict[str, Any]], command: str, commit: str) -> str:
         "- `paper`: the paper's procedure read literally (300 epochs counted as passes over the rows,",
         "  mean-field layers trained, 32 x 64 batches).",
         "- inference `none`: base network only; `paper`: mean-field over random 32 x 64 subsets of the",
-        "  known + test entries, 10 partitions averaged. Mean ± std over the seeds listed.",
+        "  known + test entries, 10 partitions averaged; `exact/<scaling>`: mean-field over every known",
+        "  entry with exact linear-time messages (model/exact.py; gamma and T of the model, known entries",
+        "  updated from the network's distributions), queries attached. Mean ± std over the seeds listed.",
         "",
         "| dataset | config | inference | seeds | RMSE | MAE | paper DCMC RMSE / MAE | best published RMSE |"
         " train s / run | eval s |",
