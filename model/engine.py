@@ -14,6 +14,7 @@ import numpy as np
 
 from model import exact
 from model.config import InferenceConfig, ModelConfig
+from model.exact import softmax
 
 
 def compatibility_matrix(levels: np.ndarray, tau: float) -> np.ndarray:
@@ -26,13 +27,6 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit L2 norm (zero rows stay zero)."""
     norm = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norm, 1e-12)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis."""
-    z = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def label_probabilities(
