@@ -73,7 +73,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     names = ("repeats", "subset_rows", "subset_cols", "scaling", "known", "gamma")
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    result = evaluate(args.artifacts, args.data_dir, mode=args.inference, seed=args.seed, overrides=overrides)
+    result = evaluate(
+        args.artifacts, args.data_dir, mode=args.inference, seed=args.seed, overrides=overrides, part=args.on
+    )
     print(json.dumps(result))
     return 0
 
@@ -169,10 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_cmd_train)
 
-    e = sub.add_parser("evaluate", help="RMSE/MAE of an artifact on its test split (one JSON line)")
+    e = sub.add_parser(
+        "evaluate", help="RMSE/MAE of an artifact on its test (or validation) split (one JSON line)"
+    )
     e.add_argument("--artifacts", required=True)
     e.add_argument("--data-dir", required=True)
     e.add_argument("--inference", choices=("paper", "none", "exact"), help="default: the artifact's setting")
+    e.add_argument(
+        "--on",
+        choices=("test", "val"),
+        default="test",
+        help="held-out entries to score: the test split (default) or the validation entries",
+    )
     e.add_argument("--scaling", choices=("sum", "scaled", "normalized"), help="exact: message scaling")
     e.add_argument("--known", choices=("predicted", "clamped"), help="exact: how known entries enter")
     e.add_argument("--gamma", type=float, help="weight of the pairwise term at test time")

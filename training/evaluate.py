@@ -12,7 +12,7 @@ import numpy as np
 from model.artifact import Artifact, load_artifact
 from model.config import InferenceConfig
 from model.engine import expected_rating, predict_entries
-from training.data import Entries, load_dataset
+from training.data import DataError, Entries, RatingSplit, carve_validation, load_dataset
 
 
 def map_entries(
@@ -32,6 +32,25 @@ def predict_ratings(
     return expected_rating(probs, artifact.levels)
 
 
+def held_out(artifact: Artifact, split: RatingSplit, part: str) -> Entries:
+    """The artifact's test entries, or the validation entries it was trained without.
+
+    A dataset without a validation split had one carved from its training entries by the trainer; the
+    artifact's training config (fraction and seed) carves the same entries again.
+    """
+    if part == "test":
+        return split.test
+    if part != "val":
+        raise DataError(f"unknown evaluation part {part!r}; choose 'test' or 'val'")
+    if split.val is not None:
+        return split.val
+    train_cfg = artifact.meta.get("train", {})
+    fraction = float(train_cfg.get("val_fraction", 0.0))
+    if fraction <= 0:
+        raise DataError(f"{artifact.path}: trained without a validation split; evaluate on 'test'")
+    return carve_validation(split.train, fraction, int(train_cfg.get("seed", 0)))[1]
+
+
 def evaluate(
     artifact_dir: str | Path,
     data_dir: str | Path,
@@ -39,25 +58,28 @@ def evaluate(
     mode: str | None = None,
     seed: int | None = None,
     overrides: dict[str, Any] | None = None,
+    part: str = "test",
 ) -> dict[str, Any]:
-    """RMSE and MAE of the artifact on its test split; returns a JSON-ready dict."""
+    """RMSE and MAE of the artifact on its test (or validation) entries; returns a JSON-ready dict."""
     artifact = load_artifact(artifact_dir)
     ds = artifact.meta["dataset"]
     split = load_dataset(ds["name"], data_dir, split=ds.get("split", "u1"), seed=ds.get("seed", 0))
+    entries = held_out(artifact, split, part)
     changes: dict[str, Any] = dict(overrides or {})
     if mode is not None:
         changes["mode"] = mode
     if seed is not None:
         changes["seed"] = seed
     inference = replace(artifact.inference, **changes)
-    rows, cols = map_entries(artifact, split.user_ids, split.item_ids, split.test)
+    rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
     t0 = time.perf_counter()
     pred = predict_ratings(artifact, rows, cols, inference)
     seconds = time.perf_counter() - t0
-    err = pred - split.test.values
+    err = pred - entries.values
     return {
         "dataset": ds["name"],
         "split": ds.get("split"),
+        "on": part,
         "model_version": artifact.model_version,
         "inference": inference.mode,
         "rmse": float(np.sqrt(np.mean(err**2))),
