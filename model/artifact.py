@@ -14,6 +14,8 @@ An artifact is a directory of plain files (no pickles):
     weights.pt           torch state dict (load with weights_only=True)
     row_branch.onnx, col_branch.onnx, decoder.onnx   (when exported)
     metrics.json         training metrics
+    known_field.npz      the converged `exact` field of the known entries for the artifact's inference
+                         settings: g (p, d+1, d+1), h (d+1, d+1) and the settings it was computed for
 
 It is written into a temporary sibling directory and renamed into place, so a crash never leaves a
 half-written artifact; loading verifies every checksum.
@@ -35,11 +37,13 @@ from typing import Any
 import numpy as np
 
 from model.config import ConfigError, InferenceConfig, ModelConfig
-from model.engine import ScoringModel
+from model.engine import FieldKey, ScoringModel
+from model.exact import KnownField
 from model.ids import IdMap
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+KNOWN_FIELD = "known_field.npz"
 
 
 class ArtifactError(Exception):
@@ -133,16 +137,21 @@ class Artifact:
     user_embeddings: np.ndarray
     item_embeddings: np.ndarray
     bilinear: np.ndarray
+    known_field: tuple[FieldKey, KnownField] | None = None
 
     @property
     def levels(self) -> np.ndarray:
         """Rating levels, (p,) float64."""
         return np.asarray(self.config.levels, dtype=np.float64)
 
-    def scoring_model(self) -> ScoringModel:
-        """A ScoringModel over the stored embeddings and known ratings."""
-        return ScoringModel(
-            config=self.config,
+    def scoring_model(self, config: ModelConfig | None = None) -> ScoringModel:
+        """A ScoringModel over the stored embeddings and known ratings (with the stored known field).
+
+        `config` replaces the model config (e.g. another T or gamma); the stored field then serves only
+        the settings it was computed for.
+        """
+        model = ScoringModel(
+            config=config or self.config,
             user_emb=self.user_embeddings.astype(np.float64),
             item_emb=self.item_embeddings.astype(np.float64),
             bilinear=self.bilinear.astype(np.float64),
@@ -150,6 +159,40 @@ class Artifact:
             known_cols=self.train_cols,
             known_values=self.train_values,
         )
+        if self.known_field is not None:
+            model.add_field(*self.known_field)
+        return model
+
+
+def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
+    """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
+    scaling, known, gamma, layers, scale = key
+    np.savez(
+        path,
+        g=field.g,
+        h=field.h,
+        scaling=np.array(scaling),
+        known=np.array(known),
+        gamma=np.float64(gamma),
+        layers=np.int64(layers),
+        scale=np.float64(scale),
+    )
+
+
+def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownField]:
+    with np.load(path, allow_pickle=False) as z:
+        key: FieldKey = (
+            str(z["scaling"]),
+            str(z["known"]),
+            float(z["gamma"]),
+            int(z["layers"]),
+            float(z["scale"]),
+        )
+        g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
+    dim = config.embedding_dim + 1
+    if g.shape != (config.n_levels, dim, dim) or h.shape != (dim, dim):
+        raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
+    return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4])
 
 
 def load_artifact(directory: str | Path) -> Artifact:
@@ -167,6 +210,8 @@ def load_artifact(directory: str | Path) -> Artifact:
         user_emb = np.load(directory / "user_embeddings.npy", allow_pickle=False)
         item_emb = np.load(directory / "item_embeddings.npy", allow_pickle=False)
         bilinear = np.load(directory / "bilinear.npy", allow_pickle=False)
+        field_path = directory / KNOWN_FIELD
+        field = _load_known_field(field_path, model_config) if field_path.is_file() else None
     except (OSError, KeyError, ValueError, ConfigError) as exc:
         raise ArtifactError(f"{directory}: cannot read artifact: {exc}") from None
     d, p = model_config.embedding_dim, model_config.n_levels
@@ -194,4 +239,5 @@ def load_artifact(directory: str | Path) -> Artifact:
         user_embeddings=user_emb,
         item_embeddings=item_emb,
         bilinear=bilinear,
+        known_field=field,
     )

@@ -60,6 +60,9 @@ def mean_field(
     return q
 
 
+FieldKey = tuple[str, str, float, int, float]
+
+
 @dataclass
 class ScoringModel:
     """What test-time inference needs: embeddings, decoder weights and the known ratings."""
@@ -79,7 +82,7 @@ class ScoringModel:
         self.item_unit = normalize_rows(self.item_emb)
         self._known_probs: np.ndarray | None = None
         self._partitions: dict[tuple[int, int, int, int], Partitions] = {}
-        self._fields: dict[tuple[object, ...], exact.KnownField] = {}
+        self._fields: dict[FieldKey, exact.KnownField] = {}
         self._lock = threading.Lock()
         self.user_lifted = exact.lift(self.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
         self.item_lifted = exact.lift(self.item_unit)
@@ -106,11 +109,25 @@ class ScoringModel:
         """The pairwise weight in force: the inference override, else the model's."""
         return self.config.gamma if inference.gamma is None else inference.gamma
 
+    def field_key(self, inference: InferenceConfig) -> FieldKey:
+        """What a known field depends on beyond the model: (scaling, known, gamma, T, scale)."""
+        scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
+        return (inference.scaling, inference.known, self.gamma(inference), self.config.mf_layers, scale)
+
+    def add_field(self, key: FieldKey, field: exact.KnownField) -> None:
+        """Install a precomputed known field (e.g. from the artifact) under its key."""
+        with self._lock:
+            self._fields[key] = field
+
+    def has_field(self, inference: InferenceConfig) -> bool:
+        """Whether the known field of `inference` is already computed (or was loaded)."""
+        with self._lock:
+            return self.field_key(inference) in self._fields
+
     def known_field(self, inference: InferenceConfig) -> exact.KnownField:
         """The converged field of all known entries for an `exact` setting (computed once, then cached)."""
-        scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
-        gamma = self.gamma(inference)
-        key = (inference.scaling, inference.known, gamma, self.config.mf_layers, scale)
+        key = self.field_key(inference)
+        _, _, gamma, _, scale = key
         with self._lock:
             if key not in self._fields:
                 if inference.known == "clamped" and self.known_values is None:

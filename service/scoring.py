@@ -17,7 +17,7 @@ import numpy as np
 
 from model.artifact import Artifact
 from model.config import InferenceConfig
-from model.engine import OnnxNetwork, ScoringModel, expected_rating, label_probabilities, predict_entries
+from model.engine import OnnxNetwork, expected_rating, label_probabilities, predict_entries
 from service.cache import EmbeddingStore, Kind, LocalTier, RedisTier
 from service.metrics import Metrics
 from service.settings import Settings
@@ -64,16 +64,7 @@ class Scorer:
         if settings.inference_mode is not None:
             inference_changes["mode"] = settings.inference_mode
         self.inference: InferenceConfig = replace(artifact.inference, **inference_changes)
-        model = artifact.scoring_model()
-        self.model = ScoringModel(
-            config=self.model_config,
-            user_emb=model.user_emb,
-            item_emb=model.item_emb,
-            bilinear=model.bilinear,
-            known_rows=model.known_rows,
-            known_cols=model.known_cols,
-            known_values=model.known_values,
-        )
+        self.model = artifact.scoring_model(self.model_config)
         self.levels = artifact.levels
         self.onnx = OnnxNetwork(artifact.path, threads=settings.onnx_threads)
         n, m = len(artifact.users), len(artifact.items)
@@ -109,7 +100,9 @@ class Scorer:
         if self.inference.mode == "paper" and self.model_config.mf_layers > 0:
             self.model.partitions(self.inference)
         if self.inference.mode == "exact" and self.model_config.mf_layers > 0:
+            stored = self.model.has_field(self.inference)
             self.model.known_field(self.inference)
+            log.info("known field of the exact mode %s", "read from the artifact" if stored else "computed")
         log.info(
             "model %s ready in %.2fs (inference %s)",
             self.version,

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.artifact import artifact_writer
+from model.artifact import KNOWN_FIELD, artifact_writer, save_known_field
 from model.config import InferenceConfig, ModelConfig
-from model.engine import OnnxNetwork
+from model.engine import OnnxNetwork, ScoringModel
 from model.network import DCMC
 from training.data import Entries
 from training.errors import ExportError
@@ -92,6 +92,29 @@ def check_parity(
     return worst
 
 
+def write_known_field(
+    directory: Path,
+    cfg: ModelConfig,
+    user_emb: np.ndarray,
+    item_emb: np.ndarray,
+    bilinear: np.ndarray,
+    known: Entries,
+    inference: InferenceConfig,
+) -> None:
+    """Precompute the `exact` field of every known entry (the service's per-version G_u), from exactly the
+    float32 arrays the artifact stores, so it equals what a loader would compute."""
+    scoring = ScoringModel(
+        config=cfg,
+        user_emb=np.asarray(user_emb, np.float32).astype(np.float64),
+        item_emb=np.asarray(item_emb, np.float32).astype(np.float64),
+        bilinear=bilinear.astype(np.float64),
+        known_rows=known.rows.astype(np.int64),
+        known_cols=known.cols.astype(np.int64),
+        known_values=known.values.astype(np.float64),
+    )
+    save_known_field(directory / KNOWN_FIELD, scoring.field_key(inference), scoring.known_field(inference))
+
+
 def write_artifact(
     out: Path,
     model: DCMC,
@@ -129,7 +152,9 @@ def write_artifact(
         )
         np.save(tmp / "user_embeddings.npy", user_emb.astype(np.float32))
         np.save(tmp / "item_embeddings.npy", item_emb.astype(np.float32))
-        np.save(tmp / "bilinear.npy", model.bilinear.detach().numpy().astype(np.float32))
+        bilinear = model.bilinear.detach().numpy().astype(np.float32)
+        np.save(tmp / "bilinear.npy", bilinear)
+        write_known_field(tmp, cfg, user_emb, item_emb, bilinear, train_entries, inference)
         export_onnx(model, tmp)
         metrics = {**metrics, "onnx_parity_max_abs_diff": check_parity(model, matrix, tmp)}
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

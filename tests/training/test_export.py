@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from model.artifact import load_artifact
-from model.engine import OnnxNetwork, label_probabilities
+from model.engine import OnnxNetwork, ScoringModel, label_probabilities
 from model.network import DCMC
 
 
@@ -51,3 +52,30 @@ def test_onnx_matches_torch_and_the_stored_embeddings(tiny_artifact: Path) -> No
     )
     np.testing.assert_allclose(probs_onnx, probs_np, atol=1e-5)
     assert onnx.embed_users(rows[:1]).shape == (1, art.config.embedding_dim)
+
+
+def test_artifact_stores_the_known_field_of_its_exact_settings(tiny_artifact: Path) -> None:
+    art = load_artifact(tiny_artifact)
+    exact_cfg = replace(art.inference, mode="exact")
+    assert art.known_field is not None
+    stored_key, stored = art.known_field
+    fresh_model = ScoringModel(
+        config=art.config,
+        user_emb=art.user_embeddings.astype(np.float64),
+        item_emb=art.item_embeddings.astype(np.float64),
+        bilinear=art.bilinear.astype(np.float64),
+        known_rows=art.train_rows,
+        known_cols=art.train_cols,
+        known_values=art.train_values,
+    )
+    assert stored_key == fresh_model.field_key(exact_cfg)
+    fresh = fresh_model.known_field(exact_cfg)
+    d = art.config.embedding_dim + 1
+    assert stored.g.shape == (art.config.n_levels, d, d)
+    np.testing.assert_allclose(stored.g, fresh.g, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(stored.h, fresh.h, rtol=1e-12, atol=1e-12)
+    # A loaded model serves these settings without recomputing, and only these.
+    model = art.scoring_model()
+    assert model.has_field(exact_cfg)
+    assert not model.has_field(replace(exact_cfg, gamma=art.config.gamma * 2 + 0.1))
+    assert model.known_field(exact_cfg) is stored
