@@ -12,9 +12,10 @@ of the learned similarities, with a Markdown report and PNG figures.
   model against Surprise's cosine, msd, pearson and pearson_baseline, for several k; test RMSE.
 
 Every model is a `dcmc train` run (subprocess, one torch thread). An artifact that already exists under
---runs is reused, so an interrupted run resumes. Results go to <results>/experiments/<analysis>.json and
-the report <results>/experiments.md is rebuilt from every analysis recorded there (text below its
-`<!-- discussion -->` line is kept). Needs the `experiments` extra (scikit-surprise, matplotlib).
+--runs is reused and an interrupted training continues from its checkpoint, so a stopped run resumes.
+Results go to <results>/experiments/<analysis>.json and the report <results>/experiments.md is rebuilt
+from every analysis recorded there (text below its `<!-- discussion -->` line is kept).
+Needs the `experiments` extra (scikit-surprise, matplotlib).
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ class Run:
             cmd += ["--epochs", str(plan.epochs)]
         for key, value in self.settings:
             cmd += ["--set", f"{key}={value}"]
+        if (out.parent / f"{out.name}.ckpt" / "checkpoint.pt").is_file():
+            cmd.append("--resume")  # an interrupted run continues from its last checkpoint
         return cmd
 
 
