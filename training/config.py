@@ -36,6 +36,9 @@ class TrainConfig:
     """Weight of the similarity loss (paper: 1.5)."""
     sigma2: float = 3.5
     """sigma^2 of the ground-truth Gaussian similarity (paper: 3.5, YahooMusic 3000)."""
+    rating_mse: float = 0.0
+    """Weight of an extra loss term: the squared error of the expected rating, divided by the squared
+    rating range (not in the paper; 0 = the paper's loss)."""
     train_mf: bool = True
     """Train through the mean-field layers (paper) or on the base network's probabilities alone."""
     val_fraction: float = 0.05
@@ -56,8 +59,8 @@ class TrainConfig:
             raise ConfigError(f"epoch_mode must be 'blocks' or 'pass', got {self.epoch_mode!r}")
         if not 0.0 <= self.val_fraction < 0.5:
             raise ConfigError(f"val_fraction must lie in [0, 0.5), got {self.val_fraction}")
-        if self.beta < 0 or self.sigma2 <= 0 or self.checkpoint_every < 1:
-            raise ConfigError("beta must be >= 0, sigma2 > 0, checkpoint_every >= 1")
+        if self.beta < 0 or self.sigma2 <= 0 or self.checkpoint_every < 1 or self.rating_mse < 0:
+            raise ConfigError("beta and rating_mse must be >= 0, sigma2 > 0, checkpoint_every >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

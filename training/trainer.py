@@ -108,8 +108,11 @@ def block_loss(
     mf_layers: int,
     beta: float,
     sigma2: float,
+    rating_mse: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Cross-entropy of the last layer plus beta times the similarity MSE on one block."""
+    """Cross-entropy of the last layer plus beta times the similarity MSE on one block, plus (when
+    `rating_mse` > 0) that weight times the squared error of the expected rating, in units of the rating
+    range: mean(((sum_u L_u Q_u - M) / (L_p - L_1))^2)."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
     _, log_q, sim = model(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers)
@@ -119,7 +122,14 @@ def block_loss(
     target = torch.exp(-((values[:, None] - values[None, :]) ** 2) / sigma2)  # (K, K)
     sim_loss = F.mse_loss(sim, target)
     loss = ce + beta * sim_loss
-    return loss, {"ce": float(ce.detach()), "sim": float(sim_loss.detach())}
+    parts = {"ce": float(ce.detach()), "sim": float(sim_loss.detach())}
+    if rating_mse > 0:
+        span = float(levels[-1] - levels[0])
+        expected = log_q.exp() @ torch.as_tensor(levels, dtype=log_q.dtype)
+        mse = torch.mean(((expected - values) / span) ** 2)
+        loss = loss + rating_mse * mse
+        parts["rating_mse"] = float(mse.detach())
+    return loss, parts
 
 
 @torch.no_grad()
@@ -226,7 +236,7 @@ def train(
         net.train()
         losses: list[float] = []
         for block in blocks:
-            loss, _ = block_loss(net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2)
+            loss, _ = block_loss(net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2, cfg.rating_mse)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -144,3 +144,28 @@ def test_torchrun_two_processes_complete(synthetic_csv: Path, tmp_path: Path) ->
     art = load_artifact(out)
     assert art.meta["train"]["epochs"] == 3
     assert proc.stdout.count('"artifacts"') == 1  # only rank 0 reports and writes
+
+
+def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() -> None:
+    from model.network import DCMC
+    from training.trainer import block_loss
+
+    entries = _entries()
+    matrix = RatingMatrix(30, 20, entries)
+    levels = np.arange(1.0, 6.0)
+    cfg = ModelConfig(n_users=30, n_items=20, levels=tuple(levels), hidden=(16, 8), dropout=0.0, mf_layers=1)
+    torch.manual_seed(0)
+    net = DCMC(cfg).eval()
+    block = epoch_blocks(matrix, "blocks", 30, 20, seed=0, epoch=0)[0]
+    plain, parts = block_loss(net, matrix, block, levels, 1, 1.5, 3.5)
+    assert "rating_mse" not in parts
+    with_mse, parts = block_loss(net, matrix, block, levels, 1, 1.5, 3.5, rating_mse=2.0)
+    # By hand: the expected rating under the last layer's distributions.
+    node_rows, node_cols = torch.from_numpy(block.node_rows), torch.from_numpy(block.node_cols)
+    _, log_q, _ = net(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, 1)
+    expected = (log_q.exp() @ torch.tensor(levels, dtype=log_q.dtype)).detach().numpy()
+    mse = float(np.mean(((expected - block.values) / 4.0) ** 2))
+    assert parts["rating_mse"] == pytest.approx(mse, rel=1e-5)
+    assert float(with_mse) == pytest.approx(float(plain) + 2.0 * mse, rel=1e-5)
+    with_mse.backward()
+    assert net.bilinear.grad is not None and float(net.bilinear.grad.abs().sum()) > 0
