@@ -166,6 +166,6 @@ def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() 
     expected = (log_q.exp() @ torch.tensor(levels, dtype=log_q.dtype)).detach().numpy()
     mse = float(np.mean(((expected - block.values) / 4.0) ** 2))
     assert parts["rating_mse"] == pytest.approx(mse, rel=1e-5)
-    assert float(with_mse) == pytest.approx(float(plain) + 2.0 * mse, rel=1e-5)
+    assert float(with_mse.detach()) == pytest.approx(float(plain.detach()) + 2.0 * mse, rel=1e-5)
     with_mse.backward()
     assert net.bilinear.grad is not None and float(net.bilinear.grad.abs().sum()) > 0
