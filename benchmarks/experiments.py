@@ -595,9 +595,11 @@ def write_report(results_dir: Path, command: str) -> Path:
     lines = [
         "# The paper's analyses, reproduced",
         "",
-        f"- last command: `{command}`",
-        "- recorded: "
-        + "; ".join(f"{a} at commit `{r['commit']}` ({r['written']})" for a, r in recorded.items()),
+        *(
+            f"- {a}: `{r['command']}`, finished at commit `{r['commit']}` ({r['written']})"
+            for a, r in recorded.items()
+        ),
+        f"- report rebuilt by `{command}`",
         f"- machine: {platform.machine()}, 2 cores, one torch thread per training run",
         "",
     ]
