@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "datasets"))
     parser.add_argument("--powers", nargs="+", type=float, default=[1, 4, 16, 64, 256])
     parser.add_argument("--gammas", nargs="+", type=float, default=[0.03, 0.1, 0.3, 1.0])
+    parser.add_argument("--tau", type=float, help="truncation of the compatibility (default: the model's)")
     args = parser.parse_args(argv)
 
     art = load_artifact(args.artifacts)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     val = held_out(art, split, "val")
     rows, cols = map_entries(art, split.user_ids, split.item_ids, val)
     levels = art.levels
-    compat = compatibility_matrix(levels, art.config.tau)
+    compat = compatibility_matrix(levels, art.config.tau if args.tau is None else args.tau)
     a = lift(art.user_embeddings / np.linalg.norm(art.user_embeddings, axis=1, keepdims=True))
     b = lift(art.item_embeddings / np.linalg.norm(art.item_embeddings, axis=1, keepdims=True))
     s_rows, s_cols = a @ a.T, b @ b.T  # the model's scaled cosines s_r, s_c
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         # the neighbours add to the network, whatever the combination rule.
         blends = {
             f"blend_{alpha}": round(rmse_of(alpha * base + (1 - alpha) * knn), 4)
-            for alpha in (0.5, 0.7, 0.85)
+            for alpha in (0.15, 0.3, 0.5, 0.7, 0.85)
         }
         print(json.dumps({"power": q, "weighted_mean_rmse": round(rmse_of(knn), 4), **blends}), flush=True)
         for gamma in args.gammas:

@@ -166,7 +166,7 @@ class Artifact:
 
 def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
     """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
-    scaling, known, gamma, layers, scale = key
+    scaling, known, gamma, layers, scale, tau = key
     np.savez(
         path,
         g=field.g,
@@ -176,6 +176,7 @@ def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
         gamma=np.float64(gamma),
         layers=np.int64(layers),
         scale=np.float64(scale),
+        tau=np.float64(tau),
     )
 
 
@@ -187,6 +188,7 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
             float(z["gamma"]),
             int(z["layers"]),
             float(z["scale"]),
+            float(z["tau"]) if "tau" in z.files else config.tau,
         )
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
     dim = config.embedding_dim + 1

@@ -115,6 +115,9 @@ class InferenceConfig:
     (`predicted`), or are fixed to their observed labels (`clamped`)."""
     gamma: float | None = None
     """Weight of the pairwise term at test time; None = the model's gamma."""
+    tau: float | None = None
+    """`exact` only: truncation of the label compatibility min((L_u - L_v)^2, tau) at test time;
+    None = the model's tau."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "none", "exact"):
@@ -125,6 +128,8 @@ class InferenceConfig:
             raise ConfigError(f"unknown known-entry mode {self.known!r}; choose 'predicted' or 'clamped'")
         if self.gamma is not None and self.gamma < 0:
             raise ConfigError(f"gamma must be >= 0, got {self.gamma}")
+        if self.tau is not None and not self.tau > 0:
+            raise ConfigError(f"tau must be > 0, got {self.tau}")
         if self.subset_rows < 1 or self.subset_cols < 1 or self.repeats < 1:
             raise ConfigError("subset_rows, subset_cols and repeats must be >= 1")
 

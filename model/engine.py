@@ -60,7 +60,7 @@ def mean_field(
     return q
 
 
-FieldKey = tuple[str, str, float, int, float]
+FieldKey = tuple[str, str, float, int, float, float]
 
 
 @dataclass
@@ -109,10 +109,15 @@ class ScoringModel:
         """The pairwise weight in force: the inference override, else the model's."""
         return self.config.gamma if inference.gamma is None else inference.gamma
 
+    def tau(self, inference: InferenceConfig) -> float:
+        """The compatibility's truncation in force for `exact`: the inference override, else the model's."""
+        return self.config.tau if inference.tau is None else inference.tau
+
     def field_key(self, inference: InferenceConfig) -> FieldKey:
-        """What a known field depends on beyond the model: (scaling, known, gamma, T, scale)."""
+        """What a known field depends on beyond the model: (scaling, known, gamma, T, scale, tau)."""
         scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
-        return (inference.scaling, inference.known, self.gamma(inference), self.config.mf_layers, scale)
+        gamma, tau = self.gamma(inference), self.tau(inference)
+        return (inference.scaling, inference.known, gamma, self.config.mf_layers, scale, tau)
 
     def add_field(self, key: FieldKey, field: exact.KnownField) -> None:
         """Install a precomputed known field (e.g. from the artifact) under its key."""
@@ -127,7 +132,7 @@ class ScoringModel:
     def known_field(self, inference: InferenceConfig) -> exact.KnownField:
         """The converged field of all known entries for an `exact` setting (computed once, then cached)."""
         key = self.field_key(inference)
-        _, _, gamma, _, scale = key
+        _, _, gamma, _, scale, tau = key
         with self._lock:
             if key not in self._fields:
                 if inference.known == "clamped" and self.known_values is None:
@@ -144,7 +149,7 @@ class ScoringModel:
                     self.known_cols,
                     self.known_probs,
                     labels,
-                    self.compat,
+                    compatibility_matrix(self.levels, tau),
                     gamma,
                     self.config.mf_layers,
                     inference.scaling,

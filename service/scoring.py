@@ -58,7 +58,7 @@ class Scorer:
         self.model_config = replace(config, **model_changes)
         inference_changes: dict[str, Any] = {
             k: getattr(settings, k)
-            for k in ("repeats", "subset_rows", "subset_cols", "seed", "scaling", "known")
+            for k in ("repeats", "subset_rows", "subset_cols", "seed", "scaling", "known", "tau")
             if getattr(settings, k) is not None
         }
         if settings.inference_mode is not None:

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     """`exact` only: override of the message scaling."""
     known: Literal["predicted", "clamped"] | None = None
     """`exact` only: override of how known entries enter the CRF (updated, or fixed to their ratings)."""
+    tau: float | None = Field(default=None, gt=0)
+    """`exact` only: override of the compatibility's truncation tau."""
     repeats: PositiveInt | None = None
     """Override of R, the number of random partitions averaged."""
     subset_rows: PositiveInt | None = None

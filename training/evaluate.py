@@ -90,7 +90,12 @@ def evaluate(
         "subset_cols": inference.subset_cols,
         "repeats": inference.repeats,
         **(
-            {"scaling": inference.scaling, "known": inference.known, "gamma": inference.gamma}
+            {
+                "scaling": inference.scaling,
+                "known": inference.known,
+                "gamma": inference.gamma,
+                "tau": inference.tau,
+            }
             if inference.mode == "exact"
             else {}
         ),

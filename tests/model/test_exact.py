@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from model import engine, exact
+from model.config import InferenceConfig, ModelConfig
 
 
 def _graph(seed: int = 0, n: int = 9, m: int = 7, k: int = 25, d: int = 4, p: int = 3):  # type: ignore[no-untyped-def]
@@ -111,3 +112,40 @@ def test_normalized_training_messages_match_numpy() -> None:
         torch.tensor(np.log(probs)), torch.tensor(sim), torch.tensor(compat), 0.5, 3, normalized=True
     )
     np.testing.assert_allclose(got.exp().numpy(), want, atol=1e-12)
+
+
+def test_exact_inference_tau_override_equals_a_dense_clamped_update() -> None:
+    # A query attached to clamped known entries: Q = softmax(log P - gamma * sum_l s C[y_l] / sum_l s),
+    # with C truncated at the overriding tau, not at the model's.
+    rng = np.random.default_rng(3)
+    n, m, d = 6, 7, 4
+    levels = np.arange(1.0, 11.0)
+    cfg = ModelConfig(n_users=n, n_items=m, levels=tuple(levels), hidden=(8, d), tau=4.0, gamma=0.2)
+    known = rng.random((n, m)) < 0.5
+    rows, cols = np.nonzero(known)
+    values = rng.integers(1, 11, len(rows)).astype(float)
+    model = engine.ScoringModel(
+        config=cfg,
+        user_emb=rng.normal(size=(n, d)),
+        item_emb=rng.normal(size=(m, d)),
+        bilinear=rng.normal(size=(len(levels), d, d)),
+        known_rows=rows,
+        known_cols=cols,
+        known_values=values,
+    )
+    q_rows, q_cols = np.array([0, 3, 5]), np.array([1, 2, 6])
+    for tau in (None, 50.0):
+        inference = InferenceConfig(mode="exact", scaling="normalized", known="clamped", tau=tau)
+        got = engine.predict_entries(model, q_rows, q_cols, inference)
+        compat = engine.compatibility_matrix(levels, cfg.tau if tau is None else tau)
+        a, b = model.user_lifted, model.item_lifted
+        s = (a[q_rows] @ a[rows].T) * (b[q_cols] @ b[cols].T)
+        msg = (s @ compat[engine.nearest_level(values, levels)]) / s.sum(axis=1, keepdims=True)
+        want = exact.softmax(np.log(model.probabilities(q_rows, q_cols)) - cfg.gamma * msg)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    default = InferenceConfig(mode="exact", scaling="normalized", known="clamped")
+    untruncated = InferenceConfig(mode="exact", scaling="normalized", known="clamped", tau=1e9)
+    assert not np.allclose(
+        engine.predict_entries(model, q_rows, q_cols, default),
+        engine.predict_entries(model, q_rows, q_cols, untruncated),
+    )
