@@ -109,6 +109,16 @@ _DEFAULT_EPOCHS = {
 }
 
 
+# Default test-time inference, chosen on validation entries (benchmarks/results/validation.md): the base
+# network alone everywhere except YahooMusic. There, with its 1..100 scale, the paper's tau = 100 truncates
+# the compatibility at 10 rating points and flattens the messages. Untruncated (tau above 99^2), with every
+# known rating clamped and normalized messages, the mean-field beats the base network on validation
+# (mean of 5 seeds 21.76 against 23.29; gamma picked on the same entries from 0.003-0.03).
+_DEFAULT_INFERENCE = {
+    "yahoo_music": InferenceConfig(mode="exact", scaling="normalized", known="clamped", gamma=0.005, tau=1e4),
+}
+
+
 def preset(dataset: str, name: str = "default") -> Preset:
     """The named preset for a dataset."""
     if dataset not in _DATASET:
@@ -141,7 +151,7 @@ def preset(dataset: str, name: str = "default") -> Preset:
             sigma2=ds["sigma2"],
             train_mf=False,
         )
-        inference = InferenceConfig(mode="none")
+        inference = _DEFAULT_INFERENCE.get(dataset, InferenceConfig(mode="none"))
     else:  # tiny: seconds on 2 cores, for tests and CI
         model.update(hidden=(32, 16), dropout=0.0, mf_layers=2)
         train = TrainConfig(

@@ -169,3 +169,13 @@ def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() 
     assert float(with_mse.detach()) == pytest.approx(float(plain.detach()) + 2.0 * mse, rel=1e-5)
     with_mse.backward()
     assert net.bilinear.grad is not None and float(net.bilinear.grad.abs().sum()) > 0
+
+
+def test_default_inference_per_dataset() -> None:
+    # YahooMusic: exact mean-field over every clamped known rating, compatibility untruncated on 1..100.
+    yahoo = preset("yahoo_music").inference
+    assert (yahoo.mode, yahoo.known, yahoo.scaling) == ("exact", "clamped", "normalized")
+    assert yahoo.tau is not None and yahoo.tau > 99.0**2
+    for dataset in ("ml-100k", "douban", "flixster", "epinions", "csv"):
+        assert preset(dataset).inference.mode == "none"
+    assert preset("yahoo_music", "paper").inference.mode == "paper"
