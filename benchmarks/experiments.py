@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model.artifact import ArtifactError, load_artifact  # noqa: E402
+from model.engine import normalize_rows  # noqa: E402
 from training.data import DataError, Entries, load_dataset  # noqa: E402
 from training.evaluate import evaluate  # noqa: E402
 
@@ -272,8 +273,7 @@ def _num(v: float) -> str:
 
 def learned_similarity(embeddings: np.ndarray) -> np.ndarray:
     """The model's scaled cosine similarity (1 + cos) / 2 between every pair of rows of `embeddings`."""
-    x = embeddings.astype(np.float64)
-    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    x = normalize_rows(embeddings.astype(np.float64))
     return (1.0 + x @ x.T) / 2.0
 
 

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model.artifact import load_artifact  # noqa: E402
-from model.engine import compatibility_matrix, expected_rating, label_probabilities, nearest_level  # noqa: E402
-from model.exact import lift, softmax  # noqa: E402
+from model.engine import compatibility_matrix, expected_rating, nearest_level  # noqa: E402
+from model.exact import softmax  # noqa: E402
 from training.data import load_dataset  # noqa: E402
 from training.evaluate import held_out, map_entries  # noqa: E402
 
@@ -76,17 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     rows, cols = map_entries(art, split.user_ids, split.item_ids, val)
     levels = art.levels
     compat = compatibility_matrix(levels, art.config.tau if args.tau is None else args.tau)
-    a = lift(art.user_embeddings / np.linalg.norm(art.user_embeddings, axis=1, keepdims=True))
-    b = lift(art.item_embeddings / np.linalg.norm(art.item_embeddings, axis=1, keepdims=True))
+    scoring = art.scoring_model()
+    a, b = scoring.user_lifted, scoring.item_lifted  # lifted unit embeddings: s_r = a_i . a_i'
     s_rows, s_cols = a @ a.T, b @ b.T  # the model's scaled cosines s_r, s_c
     known_compat = compat[nearest_level(art.train_values, levels)]  # clamped known entries: C[y_l]
-    probs = label_probabilities(
-        art.user_embeddings.astype(np.float64),
-        art.item_embeddings.astype(np.float64),
-        art.bilinear.astype(np.float64),
-        rows,
-        cols,
-    )
+    probs = scoring.probabilities(rows, cols)
 
     def rmse_of(pred: np.ndarray) -> float:
         return float(np.sqrt(np.mean((pred - val.values) ** 2)))
