@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from model.artifact import load_artifact
-from training.data import carve_validation, load_dataset
-from training.evaluate import predict_ratings
+from model.engine import expected_rating, predict_entries
+from training.data import load_dataset
+from training.evaluate import held_out, map_entries
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,23 +36,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gammas", nargs="+", type=float, default=[0.05, 0.2, 0.5, 1.0, 2.0])
     parser.add_argument("--scalings", nargs="+", default=["sum", "scaled", "normalized"])
     parser.add_argument("--known", nargs="+", default=["predicted", "clamped"])
+    parser.add_argument(
+        "--taus", nargs="+", type=float, help="exact: compatibility truncations (default: the model's)"
+    )
+    parser.add_argument(
+        "--same-user", nargs="+", type=float, default=[0.0], help="exact: same-user term weights"
+    )
+    parser.add_argument(
+        "--same-item", nargs="+", type=float, default=[0.0], help="exact: same-item term weights"
+    )
     parser.add_argument("--skip-paper", action="store_true")
     args = parser.parse_args(argv)
 
     art = load_artifact(args.artifacts)
-    ds, train_cfg = art.meta["dataset"], art.meta["train"]
+    ds = art.meta["dataset"]
     data = load_dataset(ds["name"], args.data_dir, split=ds.get("split", "u1"), seed=ds.get("seed", 0))
-    if data.val is not None:
-        val = data.val
-    else:
-        _, val = carve_validation(data.train, train_cfg["val_fraction"], train_cfg["seed"])
-    settings = [{"mode": "none"}] + ([] if args.skip_paper else [{"mode": "paper"}])
-    for scaling, known, gamma in itertools.product(args.scalings, args.known, args.gammas):
-        settings.append({"mode": "exact", "scaling": scaling, "known": known, "gamma": gamma})
+    val = held_out(art, data, "val")
+    rows, cols = map_entries(art, data.user_ids, data.item_ids, val)
+    model = art.scoring_model()  # one model: its caches (known fields, partitions) serve every setting
+    settings: list[dict[str, object]] = [{"mode": "none"}] + ([] if args.skip_paper else [{"mode": "paper"}])
+    grid = itertools.product(
+        args.scalings, args.known, args.taus or [None], args.same_user, args.same_item, args.gammas
+    )
+    for scaling, known, tau, same_user, same_item, gamma in grid:
+        exact: dict[str, object] = {"mode": "exact", "scaling": scaling, "known": known, "gamma": gamma}
+        if tau is not None:
+            exact["tau"] = tau
+        if same_user or same_item:
+            exact.update(same_user=same_user, same_item=same_item)
+        settings.append(exact)
     for changes in settings:
         inference = replace(art.inference, **changes)
         t0 = time.perf_counter()
-        pred = predict_ratings(art, val.rows, val.cols, inference)
+        pred = expected_rating(predict_entries(model, rows, cols, inference), art.levels)
         seconds = time.perf_counter() - t0
         rmse = float(np.sqrt(np.mean((pred - val.values) ** 2)))
         mae = float(np.mean(np.abs(pred - val.values)))

@@ -166,9 +166,11 @@ class Artifact:
 
 def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
     """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
-    scaling, known, gamma, layers, scale, tau = key
+    scaling, known, gamma, layers, scale, tau, same_user, same_item = key
+    extra = {} if field.t is None else {"t": field.t}
     np.savez(
         path,
+        **extra,
         g=field.g,
         h=field.h,
         scaling=np.array(scaling),
@@ -177,6 +179,8 @@ def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
         layers=np.int64(layers),
         scale=np.float64(scale),
         tau=np.float64(tau),
+        same_user=np.float64(same_user),
+        same_item=np.float64(same_item),
     )
 
 
@@ -189,12 +193,17 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
             int(z["layers"]),
             float(z["scale"]),
             float(z["tau"]) if "tau" in z.files else config.tau,
+            float(z["same_user"]) if "same_user" in z.files else 0.0,
+            float(z["same_item"]) if "same_item" in z.files else 0.0,
         )
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
+        t = z["t"].astype(np.float64) if "t" in z.files else None
     dim = config.embedding_dim + 1
     if g.shape != (config.n_levels, dim, dim) or h.shape != (dim, dim):
         raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
-    return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4])
+    if (key[6] > 0 or key[7] > 0) != (t is not None) or (t is not None and t.shape[1] != config.n_levels):
+        raise ValueError("known field: the same-user/same-item distributions are missing or misshapen")
+    return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4], t=t)
 
 
 def load_artifact(directory: str | Path) -> Artifact:
@@ -227,6 +236,10 @@ def load_artifact(directory: str | Path) -> Artifact:
             raise ArtifactError(f"{directory / name}: shape {tuple(got)}, config says {want}")
     if len(users) != model_config.n_users or len(items) != model_config.n_items:
         raise ArtifactError(f"{directory}: id maps do not match the configured matrix size")
+    if field is not None and field[1].t is not None and len(field[1].t) != len(rows):
+        raise ArtifactError(
+            f"{directory / KNOWN_FIELD}: {len(field[1].t)} known entries, the ratings hold {len(rows)}"
+        )
     return Artifact(
         path=directory,
         model_version=manifest["model_version"],

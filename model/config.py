@@ -118,6 +118,11 @@ class InferenceConfig:
     tau: float | None = None
     """`exact` only: truncation of the label compatibility min((L_u - L_v)^2, tau) at test time;
     None = the model's tau."""
+    same_user: float = 0.0
+    """`exact` only: weight lambda_u of the kernel's same-user term, lambda_u [i = i'] s_c(j, j'), added to
+    s_r(i, i') s_c(j, j') (0 = the model's kernel; see model/exact.py)."""
+    same_item: float = 0.0
+    """`exact` only: weight lambda_i of the kernel's same-item term, lambda_i [j = j'] s_r(i, i')."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "none", "exact"):
@@ -128,6 +133,8 @@ class InferenceConfig:
             raise ConfigError(f"unknown known-entry mode {self.known!r}; choose 'predicted' or 'clamped'")
         if self.gamma is not None and self.gamma < 0:
             raise ConfigError(f"gamma must be >= 0, got {self.gamma}")
+        if self.same_user < 0 or self.same_item < 0:
+            raise ConfigError(f"same_user and same_item must be >= 0, got {self.same_user}, {self.same_item}")
         if self.tau is not None and not self.tau > 0:
             raise ConfigError(f"tau must be > 0, got {self.tau}")
         if self.subset_rows < 1 or self.subset_cols < 1 or self.repeats < 1:

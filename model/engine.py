@@ -60,7 +60,7 @@ def mean_field(
     return q
 
 
-FieldKey = tuple[str, str, float, int, float, float]
+FieldKey = tuple[str, str, float, int, float, float, float, float]
 
 
 @dataclass
@@ -83,6 +83,7 @@ class ScoringModel:
         self._known_probs: np.ndarray | None = None
         self._partitions: dict[tuple[int, int, int, int], Partitions] = {}
         self._fields: dict[FieldKey, exact.KnownField] = {}
+        self._line_index: tuple[exact.LineIndex, exact.LineIndex] | None = None
         self._lock = threading.Lock()
         self.user_lifted = exact.lift(self.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
         self.item_lifted = exact.lift(self.item_unit)
@@ -114,10 +115,35 @@ class ScoringModel:
         return self.config.tau if inference.tau is None else inference.tau
 
     def field_key(self, inference: InferenceConfig) -> FieldKey:
-        """What a known field depends on beyond the model: (scaling, known, gamma, T, scale, tau)."""
+        """What a known field depends on beyond the model:
+        (scaling, known, gamma, T, scale, tau, same_user, same_item)."""
         scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
         gamma, tau = self.gamma(inference), self.tau(inference)
-        return (inference.scaling, inference.known, gamma, self.config.mf_layers, scale, tau)
+        return (
+            inference.scaling,
+            inference.known,
+            gamma,
+            self.config.mf_layers,
+            scale,
+            tau,
+            inference.same_user,
+            inference.same_item,
+        )
+
+    def lines(self, inference: InferenceConfig) -> exact.Lines | None:
+        """The kernel's same-user and same-item terms of an `exact` setting (None when both weights are 0);
+        the known entries are indexed by row and column once."""
+        if inference.same_user == 0 and inference.same_item == 0:
+            return None
+        if self._line_index is None:
+            self._line_index = (
+                exact.LineIndex(self.known_rows, len(self.user_emb)),
+                exact.LineIndex(self.known_cols, len(self.item_emb)),
+            )
+        by_row, by_col = self._line_index
+        return exact.Lines(
+            inference.same_user, inference.same_item, self.known_rows, self.known_cols, by_row, by_col
+        )
 
     def add_field(self, key: FieldKey, field: exact.KnownField) -> None:
         """Install a precomputed known field (e.g. from the artifact) under its key."""
@@ -132,7 +158,7 @@ class ScoringModel:
     def known_field(self, inference: InferenceConfig) -> exact.KnownField:
         """The converged field of all known entries for an `exact` setting (computed once, then cached)."""
         key = self.field_key(inference)
-        _, _, gamma, _, scale, tau = key
+        _, _, gamma, _, scale, tau, _, _ = key
         with self._lock:
             if key not in self._fields:
                 if inference.known == "clamped" and self.known_values is None:
@@ -155,6 +181,7 @@ class ScoringModel:
                     inference.scaling,
                     scale,
                     inference.known,
+                    self.lines(inference),
                 )
             return self._fields[key]
 
@@ -278,7 +305,14 @@ def predict_entries(
     if inference.mode == "exact":
         field = model.known_field(inference)
         return exact.query_distributions(
-            field, model.user_lifted, model.item_lifted, rows, cols, query_probs, model.gamma(inference)
+            field,
+            model.user_lifted,
+            model.item_lifted,
+            rows,
+            cols,
+            query_probs,
+            model.gamma(inference),
+            model.lines(inference),
         )
     parts = model.partitions(inference)
     # Every block that holds a query, over all repeats: (repeat, first known, known count, queries).

@@ -58,7 +58,17 @@ class Scorer:
         self.model_config = replace(config, **model_changes)
         inference_changes: dict[str, Any] = {
             k: getattr(settings, k)
-            for k in ("repeats", "subset_rows", "subset_cols", "seed", "scaling", "known", "tau")
+            for k in (
+                "repeats",
+                "subset_rows",
+                "subset_cols",
+                "seed",
+                "scaling",
+                "known",
+                "tau",
+                "same_user",
+                "same_item",
+            )
             if getattr(settings, k) is not None
         }
         if settings.inference_mode is not None:

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     """`exact` only: override of how known entries enter the CRF (updated, or fixed to their ratings)."""
     tau: float | None = Field(default=None, gt=0)
     """`exact` only: override of the compatibility's truncation tau."""
+    same_user: float | None = Field(default=None, ge=0)
+    """`exact` only: override of the weight of the kernel's same-user term."""
+    same_item: float | None = Field(default=None, ge=0)
+    """`exact` only: override of the weight of the kernel's same-item term."""
     repeats: PositiveInt | None = None
     """Override of R, the number of random partitions averaged."""
     subset_rows: PositiveInt | None = None

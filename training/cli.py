@@ -71,7 +71,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from training.evaluate import evaluate
 
-    names = ("repeats", "subset_rows", "subset_cols", "scaling", "known", "gamma", "tau")
+    names = (
+        "repeats",
+        "subset_rows",
+        "subset_cols",
+        "scaling",
+        "known",
+        "gamma",
+        "tau",
+        "same_user",
+        "same_item",
+    )
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     result = evaluate(
         args.artifacts, args.data_dir, mode=args.inference, seed=args.seed, overrides=overrides, part=args.on
@@ -187,6 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--known", choices=("predicted", "clamped"), help="exact: how known entries enter")
     e.add_argument("--gamma", type=float, help="weight of the pairwise term at test time")
     e.add_argument("--tau", type=float, help="exact: truncation of the label compatibility at test time")
+    e.add_argument(
+        "--same-user",
+        type=float,
+        help="exact: weight of the kernel's same-user term (0 = the model's kernel)",
+    )
+    e.add_argument(
+        "--same-item",
+        type=float,
+        help="exact: weight of the kernel's same-item term (0 = the model's kernel)",
+    )
     e.add_argument("--seed", type=int, help="seed of the random subsets")
     e.add_argument("--repeats", type=int, help="number of random partitions averaged")
     e.add_argument("--subset-rows", type=int)

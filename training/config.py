@@ -45,6 +45,9 @@ class TrainConfig:
     """Share of the training entries held out for validation when the dataset has no validation split."""
     weight_decay: float = 0.0
     """Adam L2 penalty."""
+    ema_decay: float = 0.0
+    """Decay of an exponential moving average of the weights and BatchNorm statistics, updated after every
+    step; validation and the artifact use the average (not in the paper; 0 = off, the live weights)."""
     checkpoint_every: int = 10
     """Write a resumable checkpoint every this many epochs (and at the end)."""
     seed: int = 0
@@ -59,6 +62,8 @@ class TrainConfig:
             raise ConfigError(f"epoch_mode must be 'blocks' or 'pass', got {self.epoch_mode!r}")
         if not 0.0 <= self.val_fraction < 0.5:
             raise ConfigError(f"val_fraction must lie in [0, 0.5), got {self.val_fraction}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
         if self.beta < 0 or self.sigma2 <= 0 or self.checkpoint_every < 1 or self.rating_mse < 0:
             raise ConfigError("beta and rating_mse must be >= 0, sigma2 > 0, checkpoint_every >= 1")
 

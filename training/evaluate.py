@@ -95,6 +95,8 @@ def evaluate(
                 "known": inference.known,
                 "gamma": inference.gamma,
                 "tau": inference.tau,
+                "same_user": inference.same_user,
+                "same_item": inference.same_item,
             }
             if inference.mode == "exact"
             else {}

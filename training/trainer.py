@@ -19,6 +19,7 @@ import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from model.config import ModelConfig
@@ -192,6 +193,12 @@ def train(
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_halve_every, gamma=0.5)
     history = History()
+    # The weight average evaluated and published instead of the live weights (ema_decay > 0).
+    ema = (
+        AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+        if cfg.ema_decay > 0
+        else None
+    )
     start_epoch = 0
     ckpt_path = checkpoint_dir / CHECKPOINT if checkpoint_dir else None
     if resume:
@@ -203,6 +210,8 @@ def train(
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
         history.epochs = list(state["history"])
         start_epoch = int(state["epoch"])
         if rank == 0:
@@ -240,6 +249,8 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if ema is not None:
+                ema.update_parameters(model)
             losses.append(float(loss.detach()))
         scheduler.step()
         if not np.isfinite(losses).all():
@@ -250,26 +261,35 @@ def train(
             "seconds": time.perf_counter() - t0,
         }
         if rank == 0 and val_entries is not None and len(val_entries):
-            user_emb, item_emb = embed_all(model, matrix)
+            scored = _published(model, ema)
+            user_emb, item_emb = embed_all(scored, matrix)
             record["val_rmse"], record["val_mae"] = rmse_mae(
-                base_predictions(model, user_emb, item_emb, val_entries), val_entries.values
+                base_predictions(scored, user_emb, item_emb, val_entries), val_entries.values
             )
         history.epochs.append(record)
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items() if k in ("loss", "val_rmse")})
         last = epoch + 1 == cfg.epochs
         if ckpt_path is not None and ((epoch + 1) % cfg.checkpoint_every == 0 or last):
             if rank == 0:
-                save_checkpoint(ckpt_path, model, optimizer, scheduler, epoch + 1, history, model_config, cfg)
+                save_checkpoint(
+                    ckpt_path, model, optimizer, scheduler, epoch + 1, history, model_config, cfg, ema
+                )
             if distributed:
                 dist.barrier()
         if on_epoch_end is not None:
             on_epoch_end(record)
     bar.close()
+    model = _published(model, ema)
     model.eval()
     for name, p in model.named_parameters():
         if not torch.isfinite(p).all():
             raise TrainingError(f"parameter {name} holds NaN/inf after training")
     return model, matrix, history
+
+
+def _published(model: DCMC, ema: AveragedModel | None) -> DCMC:
+    """The network that is validated and written out: the weight average when there is one."""
+    return model if ema is None else ema.module  # type: ignore[return-value]
 
 
 def save_checkpoint(
@@ -281,12 +301,15 @@ def save_checkpoint(
     history: History,
     model_config: ModelConfig,
     train_config: Any,
+    ema: AveragedModel | None = None,
 ) -> None:
     """Atomically write a resumable checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
+    extra = {} if ema is None else {"ema": ema.state_dict()}
     torch.save(
         {
+            **extra,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),

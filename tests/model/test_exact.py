@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -148,4 +150,74 @@ def test_exact_inference_tau_override_equals_a_dense_clamped_update() -> None:
     assert not np.allclose(
         engine.predict_entries(model, q_rows, q_cols, default),
         engine.predict_entries(model, q_rows, q_cols, untruncated),
+    )
+
+
+def _line_kernel(a, b, rows, cols, q_rows, q_cols, same_user, same_item):  # type: ignore[no-untyped-def]
+    """s'(k, l) = s_r s_c + lambda_u [i = i'] s_c + lambda_i [j = j'] s_r, queries x nodes, densely."""
+    s_r, s_c = a[q_rows] @ a[rows].T, b[q_cols] @ b[cols].T
+    same_row, same_col = q_rows[:, None] == rows[None, :], q_cols[:, None] == cols[None, :]
+    return s_r * s_c + same_user * same_row * s_c + same_item * same_col * s_r
+
+
+@pytest.mark.parametrize("scaling", ["sum", "scaled", "normalized"])
+def test_same_user_and_same_item_terms_equal_the_dense_kernel(scaling: str) -> None:
+    # 6 x 5 matrix, 14 known entries: rows and columns hold several entries each; user 5 and item 4 none.
+    a, b, rows, cols, q_prime = _graph(seed=7, n=6, m=5, k=14)
+    rows, cols = np.where(rows == 5, 0, rows), np.where(cols == 4, 1, cols)
+    lines = exact.Lines(2.0, 0.5, rows, cols, exact.LineIndex(rows, 6), exact.LineIndex(cols, 5))
+    graph = exact.FactorizedGraph(a, b, rows, cols)
+    g, h = graph.aggregate(q_prime), graph.total()
+    q_rows, q_cols = np.array([0, 5, 2, 0, 3]), np.array([1, 4, 3, 2, 4])
+    got = exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols, lines, q_prime)
+    s = _line_kernel(a, b, rows, cols, q_rows, q_cols, 2.0, 0.5)
+    want = s @ q_prime
+    if scaling == "scaled":
+        want = want * 0.3
+    elif scaling == "normalized":
+        want = want / s.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # Without weights the terms vanish: the model's own kernel.
+    off = exact.Lines(0.0, 0.0, rows, cols, lines.by_row, lines.by_col)
+    np.testing.assert_allclose(
+        exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols, off, q_prime),
+        exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols),
+        rtol=1e-12,
+    )
+
+
+@pytest.mark.parametrize("known", ["predicted", "clamped"])
+def test_exact_inference_with_line_terms_equals_dense_mean_field(known: str) -> None:
+    rng = np.random.default_rng(11)
+    n, m, d = 7, 6, 3
+    levels = np.array([1.0, 2.0, 3.0, 4.0])
+    cfg = ModelConfig(n_users=n, n_items=m, levels=tuple(levels), hidden=(8, d), gamma=0.3, mf_layers=3)
+    rows, cols = np.nonzero(rng.random((n, m)) < 0.5)
+    values = rng.integers(1, 5, len(rows)).astype(float)
+    model = engine.ScoringModel(
+        config=cfg,
+        user_emb=rng.normal(size=(n, d)),
+        item_emb=rng.normal(size=(m, d)),
+        bilinear=rng.normal(size=(len(levels), d, d)),
+        known_rows=rows,
+        known_cols=cols,
+        known_values=values,
+    )
+    inference = InferenceConfig(mode="exact", scaling="normalized", known=known, same_user=3.0, same_item=1.5)
+    q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
+    got = engine.predict_entries(model, q_rows, q_cols, inference)
+    a, b, compat = model.user_lifted, model.item_lifted, model.compat
+    if known == "clamped":
+        q_known = np.eye(len(levels))[engine.nearest_level(values, levels)]
+    else:
+        s_known = _line_kernel(a, b, rows, cols, rows, cols, 3.0, 1.5)
+        q_known = engine.mean_field(
+            model.known_probs, s_known / s_known.sum(axis=1, keepdims=True), compat, 0.3, 3
+        )
+    s = _line_kernel(a, b, rows, cols, q_rows, q_cols, 3.0, 1.5)
+    msg = (s @ (q_known @ compat.T)) / s.sum(axis=1, keepdims=True)
+    want = exact.softmax(np.log(model.probabilities(q_rows, q_cols)) - 0.3 * msg)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    assert not np.allclose(
+        got, engine.predict_entries(model, q_rows, q_cols, replace(inference, same_user=0.0))
     )

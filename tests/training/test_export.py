@@ -7,10 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from model.artifact import load_artifact
-from model.engine import OnnxNetwork, ScoringModel, label_probabilities
+from model.artifact import KNOWN_FIELD, _load_known_field, load_artifact, save_known_field
+from model.engine import OnnxNetwork, ScoringModel, label_probabilities, predict_entries
 from model.network import DCMC
 
 
@@ -79,3 +80,28 @@ def test_artifact_stores_the_known_field_of_its_exact_settings(tiny_artifact: Pa
     assert model.has_field(exact_cfg)
     assert not model.has_field(replace(exact_cfg, gamma=art.config.gamma * 2 + 0.1))
     assert model.known_field(exact_cfg) is stored
+
+
+def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: Path) -> None:
+    art = load_artifact(tiny_artifact)
+    lines_cfg = replace(art.inference, mode="exact", known="clamped", same_user=2.0, same_item=0.5)
+    model = art.scoring_model()
+    key, field = model.field_key(lines_cfg), model.known_field(lines_cfg)
+    assert field.t is not None and field.t.shape == (len(art.train_rows), art.config.n_levels)
+    save_known_field(tmp_path / KNOWN_FIELD, key, field)
+    loaded_key, loaded = _load_known_field(tmp_path / KNOWN_FIELD, art.config)
+    assert loaded_key == key
+    np.testing.assert_array_equal(loaded.t, field.t)
+    fresh = art.scoring_model()
+    fresh.add_field(loaded_key, loaded)
+    rows, cols = art.train_rows[:5], (art.train_cols[:5] + 1) % art.config.n_items
+    np.testing.assert_allclose(
+        predict_entries(fresh, rows, cols, lines_cfg),
+        predict_entries(model, rows, cols, lines_cfg),
+        rtol=1e-12,
+    )
+    # Weights without the known entries' distributions (or the reverse) are refused.
+    zeros = {"same_user": np.float64(0), "same_item": np.float64(0)}
+    np.savez(tmp_path / "broken.npz", **{**dict(np.load(tmp_path / KNOWN_FIELD)), **zeros})
+    with pytest.raises(ValueError, match="same-user"):
+        _load_known_field(tmp_path / "broken.npz", art.config)

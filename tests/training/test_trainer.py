@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model.artifact import load_artifact
-from model.config import ModelConfig
+from model.config import ConfigError, ModelConfig
 from model.engine import nearest_level
 from training.config import preset
 from training.data import Entries, load_dataset
@@ -75,9 +75,13 @@ def _tiny_setup(synthetic_csv: Path) -> tuple[ModelConfig, object, Entries]:
     return cfg, replace(p.train, epochs=4, checkpoint_every=2), data.train
 
 
-def test_resume_gives_the_same_state_as_an_uninterrupted_run(synthetic_csv: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("ema_decay", [0.0, 0.9])
+def test_resume_gives_the_same_state_as_an_uninterrupted_run(
+    synthetic_csv: Path, tmp_path: Path, ema_decay: float
+) -> None:
     torch.set_num_threads(1)
     cfg, train_cfg, entries = _tiny_setup(synthetic_csv)
+    train_cfg = replace(train_cfg, ema_decay=ema_decay)
     full, _, full_hist = train(cfg, train_cfg, entries, None, checkpoint_dir=tmp_path / "a", progress=False)
 
     def interrupt(record: dict[str, float]) -> None:
@@ -100,6 +104,41 @@ def test_resume_gives_the_same_state_as_an_uninterrupted_run(synthetic_csv: Path
     assert [r["loss"] for r in hist.epochs] == [r["loss"] for r in full_hist.epochs]
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_weight_average_is_published_and_leaves_training_unchanged(
+    synthetic_csv: Path, tmp_path: Path
+) -> None:
+    torch.set_num_threads(1)
+    cfg, train_cfg, entries = _tiny_setup(synthetic_csv)
+    runs = {}
+    for decay in (0.0, 1e-12, 0.9):
+        model, _, hist = train(
+            cfg,
+            replace(train_cfg, ema_decay=decay),
+            entries,
+            None,
+            checkpoint_dir=tmp_path / str(decay),
+            progress=False,
+        )
+        live = torch.load(tmp_path / str(decay) / "checkpoint.pt", weights_only=True)["model"]
+        runs[decay] = (model.state_dict(), live, [r["loss"] for r in hist.epochs])
+    plain, plain_live, plain_losses = runs[0.0]
+    for _, live, losses in runs.values():
+        assert losses == plain_losses  # the average never feeds back into training
+        for name, value in live.items():
+            assert torch.equal(value, plain_live[name]), name
+    # decay -> 0: the average is the last step's weights; decay 0.9: an average of the last steps.
+    tracked, live, _ = runs[1e-12]
+    averaged, _, _ = runs[0.9]
+    for name, value in plain.items():
+        if value.is_floating_point():
+            assert torch.allclose(tracked[name], live[name], atol=1e-6), name
+    weight = "row_branch.0.weight"
+    assert torch.equal(plain[weight], plain_live[weight])
+    assert (averaged[weight] - live[weight]).abs().max() > 1e-4
+    with pytest.raises(ConfigError, match="ema_decay"):
+        replace(train_cfg, ema_decay=1.0)
 
 
 def test_resume_refuses_a_different_configuration(synthetic_csv: Path, tmp_path: Path) -> None:
