@@ -99,28 +99,50 @@ class LineIndex:
         return self.order[np.repeat(starts, counts) + offset], counts
 
 
+def _segment_sums(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Sums of consecutive segments of x (axis 0) of the given lengths, zeros allowed: (len(counts), ...)."""
+    cum = np.concatenate([np.zeros((1, *x.shape[1:])), np.cumsum(x, axis=0)])
+    ends = np.cumsum(counts)
+    return cum[ends] - cum[ends - counts]
+
+
 def line_messages(
     index: LineIndex,
-    known_vec: np.ndarray,
+    table: np.ndarray,
+    other: np.ndarray,
     weights: np.ndarray,
     query_line: np.ndarray,
     query_vec: np.ndarray,
+    with_total: bool = False,
 ) -> np.ndarray:
-    """m[k] = sum over known l on the query's line of (query_vec[k] . known_vec[l]) weights[l]: (K, p).
+    """m[k] = sum over known l on the query's line of (query_vec[k] . table[other[l]]) weights[l]: (K, p).
 
-    known_vec: (N, D) the vector of each known entry's other coordinate; weights: (N, p)."""
-    out = np.zeros((len(query_line), weights.shape[1]))
+    other: (N,) each known entry's other coordinate (its item for a row line), table: (., D) their lifted
+    embeddings; weights: (N, p). `with_total` appends the sum of the similarities alone as column p.
+    Two exact ways, whichever costs less: per (query, member) pair, one dot product each (a request's
+    items, one per column); or per line, the aggregate sum_l w_l x vec_l read by each of its queries (a
+    user's many queries sharing one row)."""
     lines, inverse = np.unique(query_line, return_inverse=True)
     members, counts = index.members(lines)
-    if len(members) == 0:
-        return out
-    vec, w = known_vec[members], weights[members]
-    filled = counts > 0
-    starts = (np.cumsum(counts) - counts)[filled]
-    agg = np.zeros((len(lines), vec.shape[1]))
-    for u in range(w.shape[1]):  # one level at a time bounds the temporary to (lines, D)
-        agg[filled] = np.add.reduceat(w[:, u, None] * vec, starts, axis=0)
-        out[:, u] = np.einsum("kd,kd->k", agg[inverse], query_vec)
+    vec, w = table[other[members]], weights[members]
+    if with_total:
+        w = np.hstack([w, np.ones((len(w), 1))])
+    k, (m, p), d = len(query_line), w.shape, table.shape[1]
+    per_query = counts[inverse]
+    if m == 0:
+        return np.zeros((k, p))
+    pairs = int(per_query.sum())
+    if pairs * (d + p) <= (m + k) * d * p:
+        # The members of query q's line, query by query: (pairs,) positions into `members`.
+        first = (np.cumsum(counts) - counts)[inverse]
+        pos = np.repeat(first - (np.cumsum(per_query) - per_query), per_query) + np.arange(pairs)
+        dots = np.einsum("qd,qd->q", np.repeat(query_vec, per_query, axis=0), vec[pos])
+        return _segment_sums(dots[:, None] * w[pos], per_query)
+    out = np.zeros((k, p))
+    step = max(1, 2**22 // (max(m, k) * d))  # levels per pass: bounds the (., levels, D) temporaries
+    for lo in range(0, p, step):
+        agg = _segment_sums(w[:, lo : lo + step, None] * vec[:, None, :], counts)  # (lines, levels, D)
+        out[:, lo : lo + step] = np.einsum("kud,kd->ku", agg[inverse], query_vec)
     return out
 
 
@@ -141,14 +163,23 @@ class Lines:
         return self.same_user > 0 or self.same_item > 0
 
     def messages(
-        self, weights: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray
+        self,
+        weights: np.ndarray,
+        a: np.ndarray,
+        b: np.ndarray,
+        rows: np.ndarray,
+        cols: np.ndarray,
+        with_total: bool = False,
     ) -> np.ndarray:
-        """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l: (K, p)."""
-        out = np.zeros((len(rows), weights.shape[1]))
+        """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l: (K, p);
+        `with_total` appends the same sums of the similarities alone (the normaliser's share)."""
+        out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         if self.same_user > 0:
-            out += self.same_user * line_messages(self.by_row, b[self.known_cols], weights, rows, b[cols])
+            user = line_messages(self.by_row, b, self.known_cols, weights, rows, b[cols], with_total)
+            out += self.same_user * user
         if self.same_item > 0:
-            out += self.same_item * line_messages(self.by_col, a[self.known_rows], weights, cols, a[rows])
+            item = line_messages(self.by_col, a, self.known_rows, weights, cols, a[rows], with_total)
+            out += self.same_item * item
         return out
 
 
@@ -192,16 +223,17 @@ def scaled_messages(
     by sum_l s(k, l): (K, p). With active `lines`, the kernel's same-user and same-item terms over the
     known entries' transformed distributions `t` (N, p) join both the messages and the normaliser."""
     msg = read_messages(g, a, b, rows, cols)
-    with_lines = lines is not None and lines.active
-    if with_lines:
+    line_total = 0.0
+    if lines is not None and lines.active:
         assert t is not None, "the same-user and same-item terms need the known entries' distributions"
-        msg = msg + lines.messages(t, a, b, rows, cols)
+        extra = lines.messages(t, a, b, rows, cols, with_total=scaling == "normalized")
+        msg = msg + extra[:, : t.shape[1]]
+        if scaling == "normalized":
+            line_total = extra[:, -1]
     if scaling == "scaled":
         return msg * scale
     if scaling == "normalized":
-        total = normalizer(h, a, b, rows, cols)
-        if with_lines:
-            total = total + lines.messages(np.ones((len(lines.known_rows), 1)), a, b, rows, cols)[:, 0]
+        total = normalizer(h, a, b, rows, cols) + line_total
         return msg / np.maximum(total, 1e-12)[:, None]
     return msg
 

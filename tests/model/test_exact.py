@@ -221,3 +221,22 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(known: str) -> 
     assert not np.allclose(
         got, engine.predict_entries(model, q_rows, q_cols, replace(inference, same_user=0.0))
     )
+
+
+@pytest.mark.parametrize("queries_per_line", [1, 40])
+def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(queries_per_line: int) -> None:
+    # One query per line (a request's items) takes the per-pair sums; many queries sharing a long line
+    # (one user's test entries) the per-line aggregates. Both must equal the dense sum.
+    rng = np.random.default_rng(12)
+    n, m, d = 5, 60, 4
+    table = exact.lift(engine.normalize_rows(rng.normal(size=(m, d))))
+    rows = np.repeat(np.arange(n), [30, 0, 12, 5, 13])
+    cols = np.concatenate([rng.choice(m, c, replace=False) for c in (30, 0, 12, 5, 13)])
+    weights = rng.random((len(rows), 3))
+    q_rows = np.repeat([0, 1, 2, 4], queries_per_line)
+    q_cols = rng.integers(0, m, len(q_rows))
+    index = exact.LineIndex(rows, n)
+    got = exact.line_messages(index, table, cols, weights, q_rows, table[q_cols], with_total=True)
+    s = (q_rows[:, None] == rows[None, :]) * (table[q_cols] @ table[cols].T)
+    np.testing.assert_allclose(got[:, :3], s @ weights, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[:, 3], s.sum(axis=1), rtol=1e-12, atol=1e-12)
