@@ -211,10 +211,15 @@ def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() 
 
 
 def test_default_inference_per_dataset() -> None:
-    # YahooMusic: exact mean-field over every clamped known rating, compatibility untruncated on 1..100.
+    # YahooMusic and Flixster: exact mean-field over every clamped known rating with the kernel's
+    # same-user and same-item terms; YahooMusic's compatibility untruncated on 1..100.
+    for dataset in ("yahoo_music", "flixster"):
+        inference = preset(dataset).inference
+        assert (inference.mode, inference.known, inference.scaling) == ("exact", "clamped", "normalized")
+        assert inference.same_user > 0 and inference.same_item > 0
     yahoo = preset("yahoo_music").inference
-    assert (yahoo.mode, yahoo.known, yahoo.scaling) == ("exact", "clamped", "normalized")
     assert yahoo.tau is not None and yahoo.tau > 99.0**2
-    for dataset in ("ml-100k", "douban", "flixster", "epinions", "csv"):
+    for dataset in ("ml-100k", "douban", "epinions", "csv"):
         assert preset(dataset).inference.mode == "none"
+    assert preset("flixster").train.ema_decay == 0.99 and preset("flixster", "paper").train.ema_decay == 0
     assert preset("yahoo_music", "paper").inference.mode == "paper"
