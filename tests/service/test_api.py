@@ -135,21 +135,41 @@ def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
     assert asyncio.run(fire()) == [200] * 200
 
 
-@pytest.mark.parametrize(("scaling", "known"), [("normalized", "predicted"), ("sum", "clamped")])
-def test_exact_predictions_equal_the_offline_evaluator(tiny_artifact: Path, scaling: str, known: str) -> None:
+@pytest.mark.parametrize(
+    ("scaling", "known", "same_user", "same_item"),
+    [
+        ("normalized", "predicted", 0.0, 0.0),
+        ("sum", "clamped", 0.0, 0.0),
+        ("normalized", "clamped", 3.0, 1.0),
+    ],
+)
+def test_exact_predictions_equal_the_offline_evaluator(
+    tiny_artifact: Path, scaling: str, known: str, same_user: float, same_item: float
+) -> None:
     env = {"DCMC_INFERENCE_MODE": "exact", "DCMC_SCALING": scaling, "DCMC_KNOWN": known}
+    env |= {"DCMC_SAME_USER": str(same_user), "DCMC_SAME_ITEM": str(same_item)}
     svc = Service(tiny_artifact, env).wait_ready()
     try:
         artifact = load_artifact(tiny_artifact)
         r = svc.client.post("/predict", json={"user": "u5", "items": ITEMS})
         assert r.status_code == 200, r.text
         assert r.json()["inference"] == "exact"
-        inference = replace(artifact.inference, mode="exact", scaling=scaling, known=known)
+        inference = replace(
+            artifact.inference,
+            mode="exact",
+            scaling=scaling,
+            known=known,
+            same_user=same_user,
+            same_item=same_item,
+        )
         rows, cols = artifact.users.indices(["u5"] * len(ITEMS)), artifact.items.indices(ITEMS)
         expected = predict_ratings(artifact, rows, cols, inference)
         got = np.array([p["rating"] for p in r.json()["predictions"]])
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
         none = predict_ratings(artifact, rows, cols, replace(inference, mode="none"))
         assert not np.allclose(got, none)  # the known entries' messages do move the predictions
+        if same_user or same_item:  # and the service does apply the kernel's line terms
+            plain = predict_ratings(artifact, rows, cols, replace(inference, same_user=0.0, same_item=0.0))
+            assert not np.allclose(got, plain)
     finally:
         svc.stop()
