@@ -39,8 +39,15 @@ def label_probabilities(
         r, c = rows[start : start + step], cols[start : start + step]
         # u^T B_p once per distinct user (many entries share one: a user's queries, a test split's rows).
         users, inverse = np.unique(r, return_inverse=True)
-        ub = np.einsum("kd,pde->kpe", user_emb[users], bilinear)[inverse]  # (k, p, d)
-        scores = np.einsum("kpe,ke->kp", ub, item_emb[c])  # (k, p)
+        if len(users) <= exact.FEW_USERS:  # a request: one matrix product per user, no (k, p, d) gather
+            ub = np.matmul(user_emb[users][None], bilinear)  # (p, distinct users, d)
+            scores = np.empty((len(r), bilinear.shape[0]))
+            for i in range(len(users)):
+                mine = inverse == i
+                scores[mine] = item_emb[c[mine]] @ ub[:, i, :].T
+        else:
+            ub = np.einsum("kd,pde->kpe", user_emb[users], bilinear)[inverse]  # (k, p, d)
+            scores = np.einsum("kpe,ke->kp", ub, item_emb[c])  # (k, p)
         out[start : start + step] = softmax(scores)
     return out
 

@@ -31,6 +31,10 @@ Scaling = Literal["sum", "scaled", "normalized"]
 KnownMode = Literal["predicted", "clamped"]
 
 
+FEW_USERS = 16
+"""Up to this many distinct users, per-level reads go user by user through matrix products."""
+
+
 def lift(unit: np.ndarray) -> np.ndarray:
     """a = [1, u] / sqrt(2) for unit rows u, so that a . a' = (1 + u . u') / 2: (n, d) -> (n, d + 1)."""
     return np.hstack([np.ones((len(unit), 1)), unit]) / np.sqrt(2.0)
@@ -71,6 +75,13 @@ def read_messages(
 ) -> np.ndarray:
     """m[k, u] = a_{rows[k]}^T G_u b_{cols[k]}: (K, p)."""
     users, inverse = np.unique(rows, return_inverse=True)
+    if len(users) <= FEW_USERS:  # a request: one matrix product per user, no (K, p, D) gather
+        ag = np.matmul(a[users][None], g)  # (p, distinct users, D)
+        out = np.empty((len(rows), g.shape[0]))
+        for i in range(len(users)):
+            mine = inverse == i
+            out[mine] = b[cols[mine]] @ ag[:, i, :].T
+        return out
     ag = np.einsum("id,ude->iue", a[users], g)  # (distinct users, p, D)
     return np.einsum("kue,ke->ku", ag[inverse], b[cols])
 

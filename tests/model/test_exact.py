@@ -240,3 +240,22 @@ def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(queries_per_line:
     s = (q_rows[:, None] == rows[None, :]) * (table[q_cols] @ table[cols].T)
     np.testing.assert_allclose(got[:, :3], s @ weights, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[:, 3], s.sum(axis=1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_users", [3, exact.FEW_USERS + 20])
+def test_per_level_reads_agree_user_by_user_and_batched(n_users: int) -> None:
+    # Up to FEW_USERS distinct users the reads go user by user, beyond through one batched einsum.
+    rng = np.random.default_rng(13)
+    d, p, k = 5, 4, 60
+    user_emb, item_emb = rng.normal(size=(n_users, d)), rng.normal(size=(30, d))
+    bilinear, g = rng.normal(size=(p, d, d)), rng.normal(size=(p, d + 1, d + 1))
+    rows, cols = rng.integers(0, n_users, k), rng.integers(0, 30, k)
+    scores = np.einsum("kd,pde,ke->kp", user_emb[rows], bilinear, item_emb[cols])
+    np.testing.assert_allclose(
+        engine.label_probabilities(user_emb, item_emb, bilinear, rows, cols),
+        exact.softmax(scores),
+        rtol=1e-12,
+    )
+    a, b = exact.lift(engine.normalize_rows(user_emb)), exact.lift(engine.normalize_rows(item_emb))
+    want = np.einsum("ki,uij,kj->ku", a[rows], g, b[cols])
+    np.testing.assert_allclose(exact.read_messages(g, a, b, rows, cols), want, rtol=1e-12, atol=1e-12)
