@@ -38,16 +38,7 @@ def label_probabilities(
     for start in range(0, len(rows), step):
         r, c = rows[start : start + step], cols[start : start + step]
         # u^T B_p once per distinct user (many entries share one: a user's queries, a test split's rows).
-        users, inverse = np.unique(r, return_inverse=True)
-        if len(users) <= exact.FEW_USERS:  # a request: one matrix product per user, no (k, p, d) gather
-            ub = np.matmul(user_emb[users][None], bilinear)  # (p, distinct users, d)
-            scores = np.empty((len(r), bilinear.shape[0]))
-            for i in range(len(users)):
-                mine = inverse == i
-                scores[mine] = item_emb[c[mine]] @ ub[:, i, :].T
-        else:
-            ub = np.einsum("kd,pde->kpe", user_emb[users], bilinear)[inverse]  # (k, p, d)
-            scores = np.einsum("kpe,ke->kp", ub, item_emb[c])  # (k, p)
+        scores = exact.bilinear_forms(user_emb, bilinear, r, item_emb[c])  # (k, p)
         out[start : start + step] = softmax(scores)
     return out
 
@@ -278,13 +269,6 @@ def draw_partitions(model: ScoringModel, inference: InferenceConfig) -> Partitio
     )
 
 
-def _ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated aranges: (owner of each element, starts[owner] + offset inside its range)."""
-    owner = np.repeat(np.arange(len(counts)), counts)
-    offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return owner, starts[owner] + offset
-
-
 def predict_entries(
     model: ScoringModel,
     rows: np.ndarray,
@@ -390,10 +374,10 @@ def _run_blocks(
     n_blocks, p = len(rep), query_probs.shape[1]
     width = int((n_known + n_query).max())
     # Node slots: known entries first, then the block's queries, then padding.
-    kb, kpos = _ranges(lo, n_known)
+    kb, kpos = exact.ranges(lo, n_known)
     known = parts.known_order[rep[kb], kpos]
     kslot = kpos - lo[kb]
-    qb, qpos = _ranges(query_start, n_query)
+    qb, qpos = exact.ranges(query_start, n_query)
     queries = query_order[qpos]
     qslot = n_known[qb] + qpos - query_start[qb]
     node_rows = np.zeros((n_blocks, width), dtype=np.int64)

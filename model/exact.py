@@ -74,16 +74,29 @@ def read_messages(
     g: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray
 ) -> np.ndarray:
     """m[k, u] = a_{rows[k]}^T G_u b_{cols[k]}: (K, p)."""
+    return bilinear_forms(a, g, rows, b[cols])
+
+
+def bilinear_forms(left: np.ndarray, mats: np.ndarray, rows: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """out[k, u] = left[rows[k]]^T mats[u] right[k]: (K, p), with left^T mats[u] formed once per distinct
+    row. Up to FEW_USERS distinct rows (a request) one matrix product per row, else one batched einsum."""
     users, inverse = np.unique(rows, return_inverse=True)
-    if len(users) <= FEW_USERS:  # a request: one matrix product per user, no (K, p, D) gather
-        ag = np.matmul(a[users][None], g)  # (p, distinct users, D)
-        out = np.empty((len(rows), g.shape[0]))
+    if len(users) <= FEW_USERS:  # no (K, p, D) gather
+        lm = np.matmul(left[users][None], mats)  # (p, distinct rows, D)
+        out = np.empty((len(rows), mats.shape[0]))
         for i in range(len(users)):
             mine = inverse == i
-            out[mine] = b[cols[mine]] @ ag[:, i, :].T
+            out[mine] = right[mine] @ lm[:, i, :].T
         return out
-    ag = np.einsum("id,ude->iue", a[users], g)  # (distinct users, p, D)
-    return np.einsum("kue,ke->ku", ag[inverse], b[cols])
+    lm = np.einsum("id,ude->iue", left[users], mats)  # (distinct rows, p, D)
+    return np.einsum("kue,ke->ku", lm[inverse], right)
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated aranges: (owner of each element, starts[owner] + offset inside its range)."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, starts[owner] + offset
 
 
 def normalizer(h: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -106,8 +119,7 @@ class LineIndex:
     def members(self, lines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Known entries on each of the distinct `lines` (grouped, in line order) and their counts."""
         starts, counts = self.indptr[lines], self.indptr[lines + 1] - self.indptr[lines]
-        offset = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-        return self.order[np.repeat(starts, counts) + offset], counts
+        return self.order[ranges(starts, counts)[1]], counts
 
 
 def _segment_sums(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -145,8 +157,7 @@ def line_messages(
     pairs = int(per_query.sum())
     if pairs * (d + p) <= (m + k) * d * p:
         # The members of query q's line, query by query: (pairs,) positions into `members`.
-        first = (np.cumsum(counts) - counts)[inverse]
-        pos = np.repeat(first - (np.cumsum(per_query) - per_query), per_query) + np.arange(pairs)
+        _, pos = ranges((np.cumsum(counts) - counts)[inverse], per_query)
         dots = np.einsum("qd,qd->q", np.repeat(query_vec, per_query, axis=0), vec[pos])
         return _segment_sums(dots[:, None] * w[pos], per_query)
     out = np.zeros((k, p))

@@ -21,6 +21,20 @@ def _graph(seed: int = 0, n: int = 9, m: int = 7, k: int = 25, d: int = 4, p: in
     return a, b, rows, cols, q_prime
 
 
+def _random_model(rng, cfg, rows, cols, values):  # type: ignore[no-untyped-def]
+    """A ScoringModel with random embeddings and decoder over the given known ratings."""
+    d = cfg.embedding_dim
+    return engine.ScoringModel(
+        config=cfg,
+        user_emb=rng.normal(size=(cfg.n_users, d)),
+        item_emb=rng.normal(size=(cfg.n_items, d)),
+        bilinear=rng.normal(size=(cfg.n_levels, d, d)),
+        known_rows=rows,
+        known_cols=cols,
+        known_values=values,
+    )
+
+
 def test_lifted_inner_product_is_the_scaled_cosine() -> None:
     rng = np.random.default_rng(3)
     unit = engine.normalize_rows(rng.normal(size=(6, 5)))
@@ -126,15 +140,7 @@ def test_exact_inference_tau_override_equals_a_dense_clamped_update() -> None:
     known = rng.random((n, m)) < 0.5
     rows, cols = np.nonzero(known)
     values = rng.integers(1, 11, len(rows)).astype(float)
-    model = engine.ScoringModel(
-        config=cfg,
-        user_emb=rng.normal(size=(n, d)),
-        item_emb=rng.normal(size=(m, d)),
-        bilinear=rng.normal(size=(len(levels), d, d)),
-        known_rows=rows,
-        known_cols=cols,
-        known_values=values,
-    )
+    model = _random_model(rng, cfg, rows, cols, values)
     q_rows, q_cols = np.array([0, 3, 5]), np.array([1, 2, 6])
     for tau in (None, 50.0):
         inference = InferenceConfig(mode="exact", scaling="normalized", known="clamped", tau=tau)
@@ -194,15 +200,7 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(known: str) -> 
     cfg = ModelConfig(n_users=n, n_items=m, levels=tuple(levels), hidden=(8, d), gamma=0.3, mf_layers=3)
     rows, cols = np.nonzero(rng.random((n, m)) < 0.5)
     values = rng.integers(1, 5, len(rows)).astype(float)
-    model = engine.ScoringModel(
-        config=cfg,
-        user_emb=rng.normal(size=(n, d)),
-        item_emb=rng.normal(size=(m, d)),
-        bilinear=rng.normal(size=(len(levels), d, d)),
-        known_rows=rows,
-        known_cols=cols,
-        known_values=values,
-    )
+    model = _random_model(rng, cfg, rows, cols, values)
     inference = InferenceConfig(mode="exact", scaling="normalized", known=known, same_user=3.0, same_item=1.5)
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
     got = engine.predict_entries(model, q_rows, q_cols, inference)
