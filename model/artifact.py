@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from model.config import ConfigError, InferenceConfig, ModelConfig
-from model.engine import FieldKey, ScoringModel
-from model.exact import KnownField
+from model.engine import FieldKey, ScoringModel, compatibility_matrix
+from model.exact import KnownField, LevelInterpolation
 from model.ids import IdMap
 
 FORMAT_VERSION = 1
@@ -203,7 +203,8 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
         raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
     if (key[6] > 0 or key[7] > 0) != (t is not None) or (t is not None and t.shape[1] != config.n_levels):
         raise ValueError("known field: the same-user/same-item distributions are missing or misshapen")
-    return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4], t=t)
+    interp = LevelInterpolation.of(compatibility_matrix(np.asarray(config.levels), key[5]))
+    return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4], t=t, interp=interp)
 
 
 def load_artifact(directory: str | Path) -> Artifact:

@@ -142,7 +142,7 @@ def test_exact_inference_tau_override_equals_a_dense_clamped_update() -> None:
     values = rng.integers(1, 11, len(rows)).astype(float)
     model = _random_model(rng, cfg, rows, cols, values)
     q_rows, q_cols = np.array([0, 3, 5]), np.array([1, 2, 6])
-    for tau in (None, 50.0):
+    for tau in (None, 50.0, 1e9):  # 1e9: untruncated, the anchor levels' interpolation
         inference = InferenceConfig(mode="exact", scaling="normalized", known="clamped", tau=tau)
         got = engine.predict_entries(model, q_rows, q_cols, inference)
         compat = engine.compatibility_matrix(levels, cfg.tau if tau is None else tau)
@@ -157,6 +157,36 @@ def test_exact_inference_tau_override_equals_a_dense_clamped_update() -> None:
         engine.predict_entries(model, q_rows, q_cols, default),
         engine.predict_entries(model, q_rows, q_cols, untruncated),
     )
+
+
+def test_three_levels_determine_every_level_of_an_untruncated_field() -> None:
+    # Irregular levels, like YahooMusic's 69 of 1..100: with C[u, v] = (L_u - L_v)^2, G_u is quadratic in L_u.
+    rng = np.random.default_rng(8)
+    levels = np.sort(rng.choice(np.arange(1, 101), 12, replace=False)).astype(float)
+    compat = engine.compatibility_matrix(levels, 1e9)
+    a, b, rows, cols, _ = _graph(seed=8)
+    probs = rng.dirichlet(np.ones(12), size=len(rows))
+    lines = exact.Lines(2.0, 0.5, rows, cols, exact.LineIndex(rows, len(a)), exact.LineIndex(cols, len(b)))
+    labels = np.zeros(len(rows), dtype=np.int64)
+    field = exact.known_field(
+        a, b, rows, cols, probs, labels, compat, 0.01, 3, "normalized", 1.0, "predicted", lines
+    )
+    interp = field.interp
+    assert interp is not None and len(interp.anchors) == 3
+    rebuilt = np.einsum("us,sde->ude", interp.weights, field.g[interp.anchors])
+    np.testing.assert_allclose(rebuilt, field.g, rtol=1e-10, atol=1e-10 * np.abs(field.g).max())
+    full = exact.KnownField(g=field.g, h=field.h, scaling=field.scaling, scale=field.scale, t=field.t)
+    q_rows, q_cols = np.array([0, 0, 4, 8]), np.array([1, 5, 2, 6])
+    q_probs = rng.dirichlet(np.ones(12), size=4)
+    np.testing.assert_allclose(
+        exact.query_distributions(field, a, b, q_rows, q_cols, q_probs, 0.01, lines),
+        exact.query_distributions(full, a, b, q_rows, q_cols, q_probs, 0.01, lines),
+        rtol=1e-10,
+        atol=1e-14,
+    )
+    # A truncated compatibility, or three levels or fewer, reads every level.
+    assert exact.LevelInterpolation.of(engine.compatibility_matrix(levels, 100.0)) is None
+    assert exact.LevelInterpolation.of(engine.compatibility_matrix(levels[:3], 1e9)) is None
 
 
 def _line_kernel(a, b, rows, cols, q_rows, q_cols, same_user, same_item):  # type: ignore[no-untyped-def]

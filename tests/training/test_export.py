@@ -80,6 +80,8 @@ def test_artifact_stores_the_known_field_of_its_exact_settings(tiny_artifact: Pa
     assert model.has_field(exact_cfg)
     assert not model.has_field(replace(exact_cfg, gamma=art.config.gamma * 2 + 0.1))
     assert model.known_field(exact_cfg) is stored
+    # The tiny artifact's compatibility is truncated: every level's G is read.
+    assert stored.interp is None
 
 
 def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: Path) -> None:
@@ -92,6 +94,12 @@ def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: 
     loaded_key, loaded = _load_known_field(tmp_path / KNOWN_FIELD, art.config)
     assert loaded_key == key
     np.testing.assert_array_equal(loaded.t, field.t)
+    untruncated = replace(lines_cfg, tau=1e9)  # a loaded field reads 3 anchor levels, like a fresh one
+    save_known_field(
+        tmp_path / "untruncated.npz", model.field_key(untruncated), model.known_field(untruncated)
+    )
+    assert model.known_field(untruncated).interp is not None
+    assert _load_known_field(tmp_path / "untruncated.npz", art.config)[1].interp is not None
     fresh = art.scoring_model()
     fresh.add_field(loaded_key, loaded)
     rows, cols = art.train_rows[:5], (art.train_cols[:5] + 1) % art.config.n_items
