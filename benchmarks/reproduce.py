@@ -117,7 +117,17 @@ def evaluate_run(
                 "val_rmse": train["val_rmse"],
                 "settings": {
                     k: ev[k]
-                    for k in ("inference", "scaling", "known", "gamma", "tau", "same_user", "same_item")
+                    for k in (
+                        "inference",
+                        "scaling",
+                        "known",
+                        "gamma",
+                        "tau",
+                        "same_user",
+                        "same_item",
+                        "co_rating",
+                        "co_rating_power",
+                    )
                     if k in ev
                 },
             }

@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--same-item", nargs="+", type=float, default=[0.0], help="exact: same-item term weights"
     )
+    parser.add_argument(
+        "--co-rating", nargs="+", type=float, default=[0.0], help="exact: co-rating term weights"
+    )
+    parser.add_argument(
+        "--co-rating-powers", nargs="+", type=float, default=[2.0], help="exact: co-rating exponents q"
+    )
     parser.add_argument("--skip-paper", action="store_true")
     args = parser.parse_args(argv)
 
@@ -56,14 +62,23 @@ def main(argv: list[str] | None = None) -> int:
     model = art.scoring_model()  # one model: its caches (known fields, partitions) serve every setting
     settings: list[dict[str, object]] = [{"mode": "none"}] + ([] if args.skip_paper else [{"mode": "paper"}])
     grid = itertools.product(
-        args.scalings, args.known, args.taus or [None], args.same_user, args.same_item, args.gammas
+        args.scalings,
+        args.known,
+        args.taus or [None],
+        args.same_user,
+        args.same_item,
+        args.co_rating,
+        args.co_rating_powers,
+        args.gammas,
     )
-    for scaling, known, tau, same_user, same_item, gamma in grid:
+    for scaling, known, tau, same_user, same_item, co_rating, power, gamma in grid:
         exact: dict[str, object] = {"mode": "exact", "scaling": scaling, "known": known, "gamma": gamma}
         if tau is not None:
             exact["tau"] = tau
         if same_user or same_item:
             exact.update(same_user=same_user, same_item=same_item)
+        if co_rating:
+            exact.update(co_rating=co_rating, co_rating_power=power)
         settings.append(exact)
     for changes in settings:
         inference = replace(art.inference, **changes)

@@ -166,7 +166,7 @@ class Artifact:
 
 def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
     """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
-    scaling, known, gamma, layers, scale, tau, same_user, same_item = key
+    scaling, known, gamma, layers, scale, tau, same_user, same_item, co_rating, co_rating_power = key
     extra = {} if field.t is None else {"t": field.t}
     np.savez(
         path,
@@ -181,6 +181,8 @@ def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
         tau=np.float64(tau),
         same_user=np.float64(same_user),
         same_item=np.float64(same_item),
+        co_rating=np.float64(co_rating),
+        co_rating_power=np.float64(co_rating_power),
     )
 
 
@@ -195,13 +197,17 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
             float(z["tau"]) if "tau" in z.files else config.tau,
             float(z["same_user"]) if "same_user" in z.files else 0.0,
             float(z["same_item"]) if "same_item" in z.files else 0.0,
+            float(z["co_rating"]) if "co_rating" in z.files else 0.0,
+            float(z["co_rating_power"]) if "co_rating_power" in z.files else 0.0,
         )
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         t = z["t"].astype(np.float64) if "t" in z.files else None
     dim = config.embedding_dim + 1
     if g.shape != (config.n_levels, dim, dim) or h.shape != (dim, dim):
         raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
-    if (key[6] > 0 or key[7] > 0) != (t is not None) or (t is not None and t.shape[1] != config.n_levels):
+    if (key[6] > 0 or key[7] > 0 or key[8] > 0) != (t is not None) or (
+        t is not None and t.shape[1] != config.n_levels
+    ):
         raise ValueError("known field: the same-user/same-item distributions are missing or misshapen")
     interp = LevelInterpolation.of(compatibility_matrix(np.asarray(config.levels), key[5]))
     return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4], t=t, interp=interp)

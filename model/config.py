@@ -123,6 +123,11 @@ class InferenceConfig:
     s_r(i, i') s_c(j, j') (0 = the model's kernel; see model/exact.py)."""
     same_item: float = 0.0
     """`exact` only: weight lambda_i of the kernel's same-item term, lambda_i [j = j'] s_r(i, i')."""
+    co_rating: float = 0.0
+    """`exact` only: weight lambda_r of the kernel's co-rating term, lambda_r [i = i'] w(j, j'), with w the
+    shrunk adjusted cosine of the items' training rating columns (item-based kNN; see model/exact.py)."""
+    co_rating_power: float = 2.0
+    """`exact` only: exponent q of the co-rating weights, w = max(0, rho)^q (larger = sharper)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "none", "exact"):
@@ -135,6 +140,11 @@ class InferenceConfig:
             raise ConfigError(f"gamma must be >= 0, got {self.gamma}")
         if self.same_user < 0 or self.same_item < 0:
             raise ConfigError(f"same_user and same_item must be >= 0, got {self.same_user}, {self.same_item}")
+        if self.co_rating < 0 or not self.co_rating_power > 0:
+            raise ConfigError(
+                "co_rating must be >= 0 and co_rating_power > 0, "
+                f"got {self.co_rating}, {self.co_rating_power}"
+            )
         if self.tau is not None and not self.tau > 0:
             raise ConfigError(f"tau must be > 0, got {self.tau}")
         if self.subset_rows < 1 or self.subset_cols < 1 or self.repeats < 1:

@@ -58,7 +58,7 @@ def mean_field(
     return q
 
 
-FieldKey = tuple[str, str, float, int, float, float, float, float]
+FieldKey = tuple[str, str, float, int, float, float, float, float, float, float]
 
 
 @dataclass
@@ -82,6 +82,7 @@ class ScoringModel:
         self._partitions: dict[tuple[int, int, int, int], Partitions] = {}
         self._fields: dict[FieldKey, exact.KnownField] = {}
         self._line_index: tuple[exact.LineIndex, exact.LineIndex] | None = None
+        self._affinity: dict[float, np.ndarray] = {}
         self._lock = threading.Lock()
         self.user_lifted = exact.lift(self.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
         self.item_lifted = exact.lift(self.item_unit)
@@ -114,7 +115,7 @@ class ScoringModel:
 
     def field_key(self, inference: InferenceConfig) -> FieldKey:
         """What a known field depends on beyond the model:
-        (scaling, known, gamma, T, scale, tau, same_user, same_item)."""
+        (scaling, known, gamma, T, scale, tau, same_user, same_item, co_rating, co_rating_power)."""
         scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
         gamma, tau = self.gamma(inference), self.tau(inference)
         return (
@@ -126,21 +127,47 @@ class ScoringModel:
             tau,
             inference.same_user,
             inference.same_item,
+            inference.co_rating,
+            inference.co_rating_power if inference.co_rating > 0 else 0.0,
         )
 
     def lines(self, inference: InferenceConfig) -> exact.Lines | None:
-        """The kernel's same-user and same-item terms of an `exact` setting (None when both weights are 0);
-        the known entries are indexed by row and column once."""
-        if inference.same_user == 0 and inference.same_item == 0:
+        """The kernel's same-user, same-item and co-rating terms of an `exact` setting (None when every
+        weight is 0); the known entries are indexed by row and column, and the co-rating table is built,
+        once."""
+        if inference.same_user == 0 and inference.same_item == 0 and inference.co_rating == 0:
             return None
-        if self._line_index is None:
-            self._line_index = (
-                exact.LineIndex(self.known_rows, len(self.user_emb)),
-                exact.LineIndex(self.known_cols, len(self.item_emb)),
-            )
+        with self._lock:
+            if self._line_index is None:
+                self._line_index = (
+                    exact.LineIndex(self.known_rows, len(self.user_emb)),
+                    exact.LineIndex(self.known_cols, len(self.item_emb)),
+                )
+            affinity = None
+            if inference.co_rating > 0:
+                affinity = self._affinity.get(inference.co_rating_power)
+                if affinity is None:
+                    if self.known_values is None:
+                        raise ValueError("the co-rating term needs the known ratings' values")
+                    affinity = exact.co_rating_affinity(
+                        self.known_rows,
+                        self.known_cols,
+                        self.known_values,
+                        len(self.user_emb),
+                        len(self.item_emb),
+                        inference.co_rating_power,
+                    )
+                    self._affinity[inference.co_rating_power] = affinity
         by_row, by_col = self._line_index
         return exact.Lines(
-            inference.same_user, inference.same_item, self.known_rows, self.known_cols, by_row, by_col
+            inference.same_user,
+            inference.same_item,
+            self.known_rows,
+            self.known_cols,
+            by_row,
+            by_col,
+            inference.co_rating,
+            affinity,
         )
 
     def add_field(self, key: FieldKey, field: exact.KnownField) -> None:
@@ -156,7 +183,8 @@ class ScoringModel:
     def known_field(self, inference: InferenceConfig) -> exact.KnownField:
         """The converged field of all known entries for an `exact` setting (computed once, then cached)."""
         key = self.field_key(inference)
-        _, _, gamma, _, scale, tau, _, _ = key
+        _, _, gamma, _, scale, tau, *_ = key
+        lines = self.lines(inference)
         with self._lock:
             if key not in self._fields:
                 if inference.known == "clamped" and self.known_values is None:
@@ -179,7 +207,7 @@ class ScoringModel:
                     inference.scaling,
                     scale,
                     inference.known,
-                    self.lines(inference),
+                    lines,
                 )
             return self._fields[key]
 

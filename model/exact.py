@@ -19,6 +19,15 @@ the query's user or item:
 Both are sums over one user's row or one item's column (`LineIndex`), so a message still costs
 O(|entries on the touched rows and columns| D p), and nothing is approximated.
 
+The product of scaled cosines stays a similarity of embeddings the decoder already reads. A third term
+brings in what it does not use, the co-rating of items (item-based kNN inside the CRF):
+
+    + lambda_r [i = i'] w(j, j'),   w(j, j') = max(0, rho(j, j'))^q,
+
+rho the adjusted cosine of the two items' training rating columns (each user's mean removed), shrunk by
+n_jj' / (n_jj' + CO_RATING_SHRINK) with n_jj' the users who rated both (`co_rating_affinity`). It is again
+a sum over the query's row, with the m x m table of w computed once per model.
+
 Many levels (YahooMusic has 69) make reading the p matrices G_u the main cost of a request. When the
 compatibility is not truncated, C[u, v] = (L_u - L_v)^2 = L_u^2 - 2 L_u L_v + L_v^2, so every
 G_u = sum_l (sum_v Q_l[v] C[u, v]) a b^T is a quadratic polynomial in L_u: three levels determine all p
@@ -35,6 +44,15 @@ import numpy as np
 Scaling = Literal["sum", "scaled", "normalized"]
 KnownMode = Literal["predicted", "clamped"]
 
+
+CO_RATING_SHRINK = 10.0
+"""Shrinkage of the co-rating similarity: rho is scaled by n / (n + CO_RATING_SHRINK), n co-raters."""
+
+CO_RATING_MAX_ITEMS = 20_000
+"""The co-rating term keeps an m x m table (3.2 GB of float64 at this size); larger catalogues are refused."""
+
+PAIR_CHUNK = 1 << 21
+"""(query, line member) pairs per pass of the co-rating term: bounds its temporaries."""
 
 FEW_USERS = 16
 """Up to this many distinct users, per-level reads go user by user through matrix products."""
@@ -173,6 +191,62 @@ def line_messages(
     return out
 
 
+def co_rating_affinity(
+    rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n: int, m: int, power: float
+) -> np.ndarray:
+    """w(j, j') = max(0, rho(j, j'))^power for every item pair: (m, m) float64.
+
+    rho is the cosine of the items' rating columns after removing each user's mean rating (the adjusted
+    cosine of item-based kNN), times n_jj' / (n_jj' + CO_RATING_SHRINK) for n_jj' users who rated both."""
+    if m > CO_RATING_MAX_ITEMS:
+        raise ValueError(
+            f"the co-rating term needs an m x m item table; {m} items exceed {CO_RATING_MAX_ITEMS}"
+        )
+    rated = np.zeros((n, m))
+    rated[rows, cols] = 1.0
+    counts = np.bincount(rows, minlength=n)
+    mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
+    centred = np.zeros((n, m))
+    centred[rows, cols] = values - mean[rows]
+    norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
+    co = rated.T @ rated  # (m, m) users who rated both
+    del rated
+    rho = (centred.T @ centred) / np.maximum(np.outer(norms, norms), 1e-12)
+    del centred
+    rho *= co / (co + CO_RATING_SHRINK)
+    return np.maximum(rho, 0.0, out=rho) ** power
+
+
+def affinity_messages(
+    index: LineIndex,
+    affinity: np.ndarray,
+    known_cols: np.ndarray,
+    weights: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    with_total: bool = False,
+) -> np.ndarray:
+    """m[k] = sum over known l on the query's row of affinity[cols[k], known_cols[l]] weights[l]: (K, p),
+    one (query, member) pair at a time; `with_total` appends the sum of the affinities as column p."""
+    p = weights.shape[1] + int(with_total)
+    out = np.zeros((len(rows), p))
+    per_query = index.indptr[rows + 1] - index.indptr[rows]
+    ends = np.cumsum(per_query)
+    lo = 0
+    while lo < len(rows):  # queries in chunks of about PAIR_CHUNK pairs
+        hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - per_query[lo] + PAIR_CHUNK, side="right")))
+        count = per_query[lo:hi]
+        owner, pos = ranges(index.indptr[rows[lo:hi]], count)
+        members = index.order[pos]
+        w = affinity[cols[lo:hi][owner], known_cols[members]]
+        vals = weights[members]
+        if with_total:
+            vals = np.hstack([vals, np.ones((len(vals), 1))])
+        out[lo:hi] = _segment_sums(w[:, None] * vals, count)
+        lo = hi
+    return out
+
+
 @dataclass(frozen=True)
 class Lines:
     """The kernel's same-user and same-item terms over the known entries (see the module docstring)."""
@@ -183,11 +257,13 @@ class Lines:
     known_cols: np.ndarray
     by_row: LineIndex
     by_col: LineIndex
+    co_rating: float = 0.0
+    affinity: np.ndarray | None = None  # (m, m) co-rating weights w(j, j'); needed when co_rating > 0
 
     @property
     def active(self) -> bool:
-        """Whether either term has a weight."""
-        return self.same_user > 0 or self.same_item > 0
+        """Whether any term has a weight."""
+        return self.same_user > 0 or self.same_item > 0 or self.co_rating > 0
 
     def messages(
         self,
@@ -198,8 +274,9 @@ class Lines:
         cols: np.ndarray,
         with_total: bool = False,
     ) -> np.ndarray:
-        """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l: (K, p);
-        `with_total` appends the same sums of the similarities alone (the normaliser's share)."""
+        """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l
+        + lambda_r sum_{l on row i} w(j, j_l) w_l: (K, p); `with_total` appends the same sums of the
+        similarities alone (the normaliser's share)."""
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         if self.same_user > 0:
             user = line_messages(self.by_row, b, self.known_cols, weights, rows, b[cols], with_total)
@@ -207,6 +284,12 @@ class Lines:
         if self.same_item > 0:
             item = line_messages(self.by_col, a, self.known_rows, weights, cols, a[rows], with_total)
             out += self.same_item * item
+        if self.co_rating > 0:
+            assert self.affinity is not None, "the co-rating term needs its item table"
+            co = affinity_messages(
+                self.by_row, self.affinity, self.known_cols, weights, rows, cols, with_total
+            )
+            out += self.co_rating * co
         return out
 
 

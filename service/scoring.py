@@ -68,6 +68,8 @@ class Scorer:
                 "tau",
                 "same_user",
                 "same_item",
+                "co_rating",
+                "co_rating_power",
             )
             if getattr(settings, k) is not None
         }

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     """`exact` only: override of the weight of the kernel's same-user term."""
     same_item: float | None = Field(default=None, ge=0)
     """`exact` only: override of the weight of the kernel's same-item term."""
+    co_rating: float | None = Field(default=None, ge=0)
+    """`exact` only: override of the weight of the kernel's co-rating term (item-based kNN)."""
+    co_rating_power: float | None = Field(default=None, gt=0)
+    """`exact` only: override of the exponent q of the co-rating weights."""
     repeats: PositiveInt | None = None
     """Override of R, the number of random partitions averaged."""
     subset_rows: PositiveInt | None = None

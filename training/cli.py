@@ -81,6 +81,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         "tau",
         "same_user",
         "same_item",
+        "co_rating",
+        "co_rating_power",
     )
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     result = evaluate(
@@ -207,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="exact: weight of the kernel's same-item term (0 = the model's kernel)",
     )
+    e.add_argument(
+        "--co-rating",
+        type=float,
+        help="exact: weight of the kernel's co-rating term, item-based kNN on the query's row (0 = off)",
+    )
+    e.add_argument("--co-rating-power", type=float, help="exact: exponent q of the co-rating weights")
     e.add_argument("--seed", type=int, help="seed of the random subsets")
     e.add_argument("--repeats", type=int, help="number of random partitions averaged")
     e.add_argument("--subset-rows", type=int)

@@ -97,6 +97,8 @@ def evaluate(
                 "tau": inference.tau,
                 "same_user": inference.same_user,
                 "same_item": inference.same_item,
+                "co_rating": inference.co_rating,
+                "co_rating_power": inference.co_rating_power,
             }
             if inference.mode == "exact"
             else {}

@@ -222,8 +222,46 @@ def test_same_user_and_same_item_terms_equal_the_dense_kernel(scaling: str) -> N
     )
 
 
+def _adjusted_cosine(rows, cols, values, n, m, power):  # type: ignore[no-untyped-def]
+    """w(j, j') = max(0, rho)^power item pair by item pair, straight from the definition."""
+    ratings = {(i, j): v for i, j, v in zip(rows, cols, values, strict=True)}
+    mean = {i: np.mean([v for (u, _), v in ratings.items() if u == i]) for i in set(rows)}
+    w = np.zeros((m, m))
+    for j in range(m):
+        for k in range(m):
+            users_j = {i for (i, c) in ratings if c == j}
+            users_k = {i for (i, c) in ratings if c == k}
+            num = sum((ratings[i, j] - mean[i]) * (ratings[i, k] - mean[i]) for i in users_j & users_k)
+            norm_j = np.sqrt(sum((ratings[i, j] - mean[i]) ** 2 for i in users_j))
+            norm_k = np.sqrt(sum((ratings[i, k] - mean[i]) ** 2 for i in users_k))
+            if norm_j > 0 and norm_k > 0:
+                both = len(users_j & users_k)
+                rho = num / (norm_j * norm_k) * both / (both + exact.CO_RATING_SHRINK)
+                w[j, k] = max(0.0, rho) ** power
+    return w
+
+
+def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(14)
+    n, m = 9, 6
+    rows, cols = np.nonzero(rng.random((n, m)) < 0.6)
+    values = rng.integers(1, 6, len(rows)).astype(float)
+    rows, cols, values = rows[cols != 5], cols[cols != 5], values[cols != 5]  # item 5: nobody rated it
+    for power in (1.0, 3.0):
+        got = exact.co_rating_affinity(rows, cols, values, n, m, power)
+        np.testing.assert_allclose(got, _adjusted_cosine(rows, cols, values, n, m, power), atol=1e-12)
+    assert (got >= 0).all() and not got[5].any() and got[np.triu_indices(5, 1)].any()
+    monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
+    with pytest.raises(ValueError, match="6 items exceed 5"):
+        exact.co_rating_affinity(rows, cols, values, n, m, 2.0)
+
+
 @pytest.mark.parametrize("known", ["predicted", "clamped"])
-def test_exact_inference_with_line_terms_equals_dense_mean_field(known: str) -> None:
+@pytest.mark.parametrize("co_rating", [0.0, 2.0])
+def test_exact_inference_with_line_terms_equals_dense_mean_field(
+    known: str, co_rating: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exact, "PAIR_CHUNK", 5)  # the co-rating sums go over several chunks of queries
     rng = np.random.default_rng(11)
     n, m, d = 7, 6, 3
     levels = np.array([1.0, 2.0, 3.0, 4.0])
@@ -231,24 +269,32 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(known: str) -> 
     rows, cols = np.nonzero(rng.random((n, m)) < 0.5)
     values = rng.integers(1, 5, len(rows)).astype(float)
     model = _random_model(rng, cfg, rows, cols, values)
-    inference = InferenceConfig(mode="exact", scaling="normalized", known=known, same_user=3.0, same_item=1.5)
+    inference = InferenceConfig(
+        mode="exact", scaling="normalized", known=known, same_user=3.0, same_item=1.5, co_rating=co_rating
+    )
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
     got = engine.predict_entries(model, q_rows, q_cols, inference)
     a, b, compat = model.user_lifted, model.item_lifted, model.compat
+    w = _adjusted_cosine(rows, cols, values, n, m, inference.co_rating_power)
+
+    def kernel(k_rows, k_cols):  # type: ignore[no-untyped-def]
+        same_row = k_rows[:, None] == rows[None, :]
+        co = co_rating * same_row * w[k_cols][:, cols]
+        return _line_kernel(a, b, rows, cols, k_rows, k_cols, 3.0, 1.5) + co
+
     if known == "clamped":
         q_known = np.eye(len(levels))[engine.nearest_level(values, levels)]
     else:
-        s_known = _line_kernel(a, b, rows, cols, rows, cols, 3.0, 1.5)
+        s_known = kernel(rows, cols)
         q_known = engine.mean_field(
             model.known_probs, s_known / s_known.sum(axis=1, keepdims=True), compat, 0.3, 3
         )
-    s = _line_kernel(a, b, rows, cols, q_rows, q_cols, 3.0, 1.5)
+    s = kernel(q_rows, q_cols)
     msg = (s @ (q_known @ compat.T)) / s.sum(axis=1, keepdims=True)
     want = exact.softmax(np.log(model.probabilities(q_rows, q_cols)) - 0.3 * msg)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
-    assert not np.allclose(
-        got, engine.predict_entries(model, q_rows, q_cols, replace(inference, same_user=0.0))
-    )
+    for off in ({"same_user": 0.0}, {"co_rating": 0.0 if co_rating else 1.0}):
+        assert not np.allclose(got, engine.predict_entries(model, q_rows, q_cols, replace(inference, **off)))
 
 
 @pytest.mark.parametrize("queries_per_line", [1, 40])

@@ -136,18 +136,20 @@ def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scaling", "known", "same_user", "same_item"),
+    ("scaling", "known", "same_user", "same_item", "co_rating"),
     [
-        ("normalized", "predicted", 0.0, 0.0),
-        ("sum", "clamped", 0.0, 0.0),
-        ("normalized", "clamped", 3.0, 1.0),
+        ("normalized", "predicted", 0.0, 0.0, 0.0),
+        ("sum", "clamped", 0.0, 0.0, 0.0),
+        ("normalized", "clamped", 3.0, 1.0, 0.0),
+        ("normalized", "clamped", 0.0, 0.0, 50.0),
     ],
 )
 def test_exact_predictions_equal_the_offline_evaluator(
-    tiny_artifact: Path, scaling: str, known: str, same_user: float, same_item: float
+    tiny_artifact: Path, scaling: str, known: str, same_user: float, same_item: float, co_rating: float
 ) -> None:
     env = {"DCMC_INFERENCE_MODE": "exact", "DCMC_SCALING": scaling, "DCMC_KNOWN": known}
     env |= {"DCMC_SAME_USER": str(same_user), "DCMC_SAME_ITEM": str(same_item)}
+    env |= {"DCMC_CO_RATING": str(co_rating), "DCMC_CO_RATING_POWER": "3"}
     svc = Service(tiny_artifact, env).wait_ready()
     try:
         artifact = load_artifact(tiny_artifact)
@@ -161,6 +163,8 @@ def test_exact_predictions_equal_the_offline_evaluator(
             known=known,
             same_user=same_user,
             same_item=same_item,
+            co_rating=co_rating,
+            co_rating_power=3.0,
         )
         rows, cols = artifact.users.indices(["u5"] * len(ITEMS)), artifact.items.indices(ITEMS)
         expected = predict_ratings(artifact, rows, cols, inference)
@@ -168,8 +172,8 @@ def test_exact_predictions_equal_the_offline_evaluator(
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
         none = predict_ratings(artifact, rows, cols, replace(inference, mode="none"))
         assert not np.allclose(got, none)  # the known entries' messages do move the predictions
-        if same_user or same_item:  # and the service does apply the kernel's line terms
-            plain = predict_ratings(artifact, rows, cols, replace(inference, same_user=0.0, same_item=0.0))
-            assert not np.allclose(got, plain)
+        if same_user or same_item or co_rating:  # and the service does apply the kernel's line terms
+            off = replace(inference, same_user=0.0, same_item=0.0, co_rating=0.0)
+            assert not np.allclose(got, predict_ratings(artifact, rows, cols, off))
     finally:
         svc.stop()
