@@ -226,10 +226,21 @@ def affinity_messages(
     cols: np.ndarray,
     with_total: bool = False,
 ) -> np.ndarray:
-    """m[k] = sum over known l on the query's row of affinity[cols[k], known_cols[l]] weights[l]: (K, p),
-    one (query, member) pair at a time; `with_total` appends the sum of the affinities as column p."""
+    """m[k] = sum over known l on the query's row of affinity[cols[k], known_cols[l]] weights[l]: (K, p);
+    `with_total` appends the sum of the affinities as column p. Up to FEW_USERS distinct rows (a request)
+    one matrix product per row over its block of the table, else one (query, member) pair at a time."""
     p = weights.shape[1] + int(with_total)
     out = np.zeros((len(rows), p))
+    users, inverse = np.unique(rows, return_inverse=True)
+    if len(users) <= FEW_USERS:
+        for i, user in enumerate(users):
+            mine = np.flatnonzero(inverse == i)
+            members = index.order[index.indptr[user] : index.indptr[user + 1]]
+            vals = weights[members]
+            if with_total:
+                vals = np.hstack([vals, np.ones((len(vals), 1))])
+            out[mine] = affinity[np.ix_(cols[mine], known_cols[members])] @ vals
+        return out
     per_query = index.indptr[rows + 1] - index.indptr[rows]
     ends = np.cumsum(per_query)
     lo = 0

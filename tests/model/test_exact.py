@@ -258,10 +258,14 @@ def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("known", ["predicted", "clamped"])
 @pytest.mark.parametrize("co_rating", [0.0, 2.0])
+@pytest.mark.parametrize("few_users", [exact.FEW_USERS, 0])
 def test_exact_inference_with_line_terms_equals_dense_mean_field(
-    known: str, co_rating: float, monkeypatch: pytest.MonkeyPatch
+    known: str, co_rating: float, few_users: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(exact, "PAIR_CHUNK", 5)  # the co-rating sums go over several chunks of queries
+    # few_users 0: every read takes the batched path, and the co-rating sums go pair by pair over several
+    # chunks of queries; otherwise user by user.
+    monkeypatch.setattr(exact, "FEW_USERS", few_users)
+    monkeypatch.setattr(exact, "PAIR_CHUNK", 5)
     rng = np.random.default_rng(11)
     n, m, d = 7, 6, 3
     levels = np.array([1.0, 2.0, 3.0, 4.0])
