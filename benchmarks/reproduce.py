@@ -21,6 +21,8 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
 
+from model.config import EXACT_SETTINGS
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -115,21 +117,7 @@ def evaluate_run(
                 "train_seconds": round(train_seconds, 1),
                 "epochs": train["epochs"],
                 "val_rmse": train["val_rmse"],
-                "settings": {
-                    k: ev[k]
-                    for k in (
-                        "inference",
-                        "scaling",
-                        "known",
-                        "gamma",
-                        "tau",
-                        "same_user",
-                        "same_item",
-                        "co_rating",
-                        "co_rating_power",
-                    )
-                    if k in ev
-                },
+                "settings": {k: ev[k] for k in ("inference", *EXACT_SETTINGS) if k in ev},
             }
         )
     return records

@@ -92,6 +92,19 @@ class ModelConfig:
         return cls(**d)
 
 
+EXACT_SETTINGS = (
+    "scaling",
+    "known",
+    "gamma",
+    "tau",
+    "same_user",
+    "same_item",
+    "co_rating",
+    "co_rating_power",
+)
+"""The InferenceConfig fields that only the `exact` mode reads."""
+
+
 @dataclass(frozen=True)
 class InferenceConfig:
     """Test-time procedure: CRFs over random row x column subsets, averaged over repeats."""

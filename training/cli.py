@@ -69,21 +69,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from model.config import EXACT_SETTINGS
     from training.evaluate import evaluate
 
-    names = (
-        "repeats",
-        "subset_rows",
-        "subset_cols",
-        "scaling",
-        "known",
-        "gamma",
-        "tau",
-        "same_user",
-        "same_item",
-        "co_rating",
-        "co_rating_power",
-    )
+    names = ("repeats", "subset_rows", "subset_cols", *EXACT_SETTINGS)
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     result = evaluate(
         args.artifacts, args.data_dir, mode=args.inference, seed=args.seed, overrides=overrides, part=args.on

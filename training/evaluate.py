@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact import Artifact, load_artifact
-from model.config import InferenceConfig
+from model.config import EXACT_SETTINGS, InferenceConfig
 from model.engine import expected_rating, predict_entries
 from training.data import DataError, Entries, RatingSplit, carve_validation, load_dataset
 
@@ -89,19 +89,6 @@ def evaluate(
         "subset_rows": inference.subset_rows,
         "subset_cols": inference.subset_cols,
         "repeats": inference.repeats,
-        **(
-            {
-                "scaling": inference.scaling,
-                "known": inference.known,
-                "gamma": inference.gamma,
-                "tau": inference.tau,
-                "same_user": inference.same_user,
-                "same_item": inference.same_item,
-                "co_rating": inference.co_rating,
-                "co_rating_power": inference.co_rating_power,
-            }
-            if inference.mode == "exact"
-            else {}
-        ),
+        **({k: getattr(inference, k) for k in EXACT_SETTINGS} if inference.mode == "exact" else {}),
         "seconds": round(seconds, 3),
     }
