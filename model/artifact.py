@@ -213,6 +213,16 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
     return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4], t=t, interp=interp)
 
 
+def read_config(directory: str | Path) -> tuple[ModelConfig, InferenceConfig]:
+    """The model and inference settings of an artifact, without loading its arrays."""
+    path = Path(directory) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        return ModelConfig.from_dict(config["model"]), InferenceConfig.from_dict(config.get("inference", {}))
+    except (OSError, KeyError, ValueError, ConfigError) as exc:
+        raise ArtifactError(f"{path}: cannot read the configuration: {exc}") from None
+
+
 def load_artifact(directory: str | Path) -> Artifact:
     """Verify checksums and load an artifact; raises ArtifactError with a clear message."""
     directory = Path(directory)

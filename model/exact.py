@@ -41,6 +41,8 @@ from typing import Literal
 
 import numpy as np
 
+from model.config import ConfigError
+
 Scaling = Literal["sum", "scaled", "normalized"]
 KnownMode = Literal["predicted", "clamped"]
 
@@ -199,7 +201,7 @@ def co_rating_affinity(
     rho is the cosine of the items' rating columns after removing each user's mean rating (the adjusted
     cosine of item-based kNN), times n_jj' / (n_jj' + CO_RATING_SHRINK) for n_jj' users who rated both."""
     if m > CO_RATING_MAX_ITEMS:
-        raise ValueError(
+        raise ConfigError(
             f"the co-rating term needs an m x m item table; {m} items exceed {CO_RATING_MAX_ITEMS}"
         )
     rated = np.zeros((n, m))

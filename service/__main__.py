@@ -43,16 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from model.artifact import ArtifactError, verify
+    from model.artifact import ArtifactError, read_config, verify
+    from model.config import ConfigError
+    from service.scoring import check_inference, effective_inference
     from service.settings import Settings
 
     try:
         settings = Settings()
         verify(settings.artifacts)
+        model_config, stored = read_config(settings.artifacts)
+        check_inference(effective_inference(stored, settings), model_config.n_items)
     except ValidationError as exc:
         print(f"dcmc serve: error: invalid settings: {exc}", file=sys.stderr)
         return 2
-    except ArtifactError as exc:
+    except (ArtifactError, ConfigError) as exc:
         print(f"dcmc serve: error: {exc}", file=sys.stderr)
         return 2
     uvicorn.run(

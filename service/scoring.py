@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from model import exact
 from model.artifact import Artifact
-from model.config import InferenceConfig
+from model.config import ConfigError, InferenceConfig
 from model.engine import OnnxNetwork, expected_rating, label_probabilities, predict_entries
 from service.cache import EmbeddingStore, Kind, LocalTier, RedisTier
 from service.metrics import Metrics
@@ -46,6 +47,42 @@ class _Ratings:
         return out
 
 
+INFERENCE_OVERRIDES = (
+    "repeats",
+    "subset_rows",
+    "subset_cols",
+    "seed",
+    "scaling",
+    "known",
+    "tau",
+    "same_user",
+    "same_item",
+    "co_rating",
+    "co_rating_power",
+)
+"""Settings that override the artifact's InferenceConfig field of the same name (`gamma` is the model's)."""
+
+
+def effective_inference(stored: InferenceConfig, settings: Settings) -> InferenceConfig:
+    """The artifact's inference setting with the service's overrides applied."""
+    changes: dict[str, Any] = {
+        k: getattr(settings, k) for k in INFERENCE_OVERRIDES if getattr(settings, k) is not None
+    }
+    if settings.inference_mode is not None:
+        changes["mode"] = settings.inference_mode
+    return replace(stored, **changes)
+
+
+def check_inference(inference: InferenceConfig, n_items: int) -> None:
+    """Refuse, before any worker starts, a setting the model cannot run (ConfigError)."""
+    limit = exact.CO_RATING_MAX_ITEMS
+    if inference.mode == "exact" and inference.co_rating > 0 and n_items > limit:
+        raise ConfigError(
+            f"the co-rating term needs an items x items table; {n_items} items exceed {limit}"
+            " (set DCMC_CO_RATING=0)"
+        )
+
+
 class Scorer:
     """Answers rating and similarity queries for one artifact."""
 
@@ -56,26 +93,7 @@ class Scorer:
         overrides = (("mf_layers", settings.mf_layers), ("gamma", settings.gamma))
         model_changes = {k: v for k, v in overrides if v is not None}
         self.model_config = replace(config, **model_changes)
-        inference_changes: dict[str, Any] = {
-            k: getattr(settings, k)
-            for k in (
-                "repeats",
-                "subset_rows",
-                "subset_cols",
-                "seed",
-                "scaling",
-                "known",
-                "tau",
-                "same_user",
-                "same_item",
-                "co_rating",
-                "co_rating_power",
-            )
-            if getattr(settings, k) is not None
-        }
-        if settings.inference_mode is not None:
-            inference_changes["mode"] = settings.inference_mode
-        self.inference: InferenceConfig = replace(artifact.inference, **inference_changes)
+        self.inference = effective_inference(artifact.inference, settings)
         self.model = artifact.scoring_model(self.model_config)
         self.levels = artifact.levels
         self.onnx = OnnxNetwork(artifact.path, threads=settings.onnx_threads)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from model import engine, exact
-from model.config import InferenceConfig, ModelConfig
+from model.config import ConfigError, InferenceConfig, ModelConfig
 
 
 def _graph(seed: int = 0, n: int = 9, m: int = 7, k: int = 25, d: int = 4, p: int = 3):  # type: ignore[no-untyped-def]
@@ -252,7 +252,7 @@ def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.Mo
         np.testing.assert_allclose(got, _adjusted_cosine(rows, cols, values, n, m, power), atol=1e-12)
     assert (got >= 0).all() and not got[5].any() and got[np.triu_indices(5, 1)].any()
     monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
-    with pytest.raises(ValueError, match="6 items exceed 5"):
+    with pytest.raises(ConfigError, match="6 items exceed 5"):
         exact.co_rating_affinity(rows, cols, values, n, m, 2.0)
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from model import exact
+from service.__main__ import main as serve_main
 from tests.service.conftest import DCMC, free_port
 
 
@@ -27,3 +31,15 @@ def test_missing_artifact_prevents_start_up(tmp_path: Path) -> None:
     done = _serve(tmp_path / "nothing-here")
     assert done.returncode != 0
     assert "does not exist" in done.stderr
+
+
+def test_co_rating_on_too_many_items_prevents_start_up(
+    tiny_artifact: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The m x m co-rating table is refused before any worker starts, in one line.
+    monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
+    for name, value in {"DCMC_ARTIFACTS": "", "DCMC_INFERENCE_MODE": "exact", "DCMC_CO_RATING": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert serve_main(["--artifacts", str(tiny_artifact)]) == 2
+    err = capsys.readouterr().err
+    assert "items exceed 5" in err and "DCMC_CO_RATING=0" in err and "Traceback" not in err

@@ -142,3 +142,18 @@ def test_evaluate_refuses_a_tampered_artifact(
         f.write(b"\0")
     proc = dcmc("evaluate", "--artifacts", str(art), "--data-dir", str(synthetic_csv))
     _assert_clean_error(proc, f"{victim} fails its checksum")
+
+
+def test_evaluate_refuses_co_rating_on_too_many_items(
+    tiny_artifact: Path,
+    synthetic_csv: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from model import exact
+    from training.cli import main
+
+    monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
+    argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
+    assert main([*argv, "--inference", "exact", "--co-rating", "1"]) == 2
+    assert "items exceed 5" in capsys.readouterr().err
