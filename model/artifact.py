@@ -208,7 +208,7 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
     if (key[6] > 0 or key[7] > 0 or key[8] > 0) != (t is not None) or (
         t is not None and t.shape[1] != config.n_levels
     ):
-        raise ValueError("known field: the same-user/same-item distributions are missing or misshapen")
+        raise ValueError("known field: the line terms' distributions are missing or misshapen")
     interp = LevelInterpolation.of(compatibility_matrix(np.asarray(config.levels), key[5]))
     return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4], t=t, interp=interp)
 
