@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode, subsets in [("none", [SUBSETS[0]]), ("paper", SUBSETS)]:
         for rows, cols in subsets:
             inference = replace(art.inference, mode=mode, subset_rows=rows, subset_cols=cols)
-            pred = predict_ratings(art, val.rows, val.cols, inference)
+            pred = predict_ratings(art, val.rows, val.cols, inference, include_held_out=False)
             key = "val_rmse_none" if mode == "none" else f"val_rmse_paper_{rows}x{cols}"
             result[key] = round(float(np.sqrt(np.mean((pred - val.values) ** 2))), 4)
     print(json.dumps(result))

@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     data = load_dataset(ds["name"], args.data_dir, split=ds.get("split", "u1"), seed=ds.get("seed", 0))
     val = held_out(art, data, "val")
     rows, cols = map_entries(art, data.user_ids, data.item_ids, val)
-    model = art.scoring_model()  # one model: its caches (known fields, partitions) serve every setting
+    # One model whose caches (known fields, partitions) serve every setting; the validation ratings it
+    # scores are not known ratings.
+    model = art.scoring_model(include_held_out=False)
     settings: list[dict[str, object]] = [{"mode": "none"}] + ([] if args.skip_paper else [{"mode": "paper"}])
     grid = itertools.product(
         args.scalings,

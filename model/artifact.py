@@ -7,7 +7,10 @@ An artifact is a directory of plain files (no pickles):
     levels.npy           (p,) float64 rating levels
     user_ids.json        external user ids, position = user_idx
     item_ids.json        external item ids, position = item_idx
-    train_ratings.npz    rows, cols (int64), values (float64): the known ratings
+    train_ratings.npz    rows, cols (int64), values (float64): the ratings the network was trained on
+                         (its input rows and columns)
+    held_out_ratings.npz the same for the validation ratings carved from the training split: not trained
+                         on, but known at test time (absent in older artifacts)
     user_embeddings.npy  (n, d) float32
     item_embeddings.npy  (m, d) float32
     bilinear.npy         (p, d, d) float32 decoder weights
@@ -15,7 +18,8 @@ An artifact is a directory of plain files (no pickles):
     row_branch.onnx, col_branch.onnx, decoder.onnx   (when exported)
     metrics.json         training metrics
     known_field.npz      the converged `exact` field of the known entries for the artifact's inference
-                         settings: g (p, d+1, d+1), h (d+1, d+1) and the settings it was computed for
+                         settings over all known ratings (trained on and held out): g (p, d+1, d+1),
+                         h (d+1, d+1) and the settings it was computed for
 
 It is written into a temporary sibling directory and renamed into place, so a crash never leaves a
 half-written artifact; loading verifies every checksum.
@@ -30,7 +34,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,7 @@ from model.ids import IdMap
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 KNOWN_FIELD = "known_field.npz"
+HELD_OUT = "held_out_ratings.npz"
 
 
 class ArtifactError(Exception):
@@ -138,28 +143,43 @@ class Artifact:
     item_embeddings: np.ndarray
     bilinear: np.ndarray
     known_field: tuple[FieldKey, KnownField] | None = None
+    held_out_rows: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    held_out_cols: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    held_out_values: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
 
     @property
     def levels(self) -> np.ndarray:
         """Rating levels, (p,) float64."""
         return np.asarray(self.config.levels, dtype=np.float64)
 
-    def scoring_model(self, config: ModelConfig | None = None) -> ScoringModel:
+    def known(self, include_held_out: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The known ratings (rows, cols, values): those trained on, then the held-out validation ones."""
+        if not include_held_out or len(self.held_out_rows) == 0:
+            return self.train_rows, self.train_cols, self.train_values
+        return (
+            np.concatenate([self.train_rows, self.held_out_rows]),
+            np.concatenate([self.train_cols, self.held_out_cols]),
+            np.concatenate([self.train_values, self.held_out_values]),
+        )
+
+    def scoring_model(self, config: ModelConfig | None = None, include_held_out: bool = True) -> ScoringModel:
         """A ScoringModel over the stored embeddings and known ratings (with the stored known field).
 
         `config` replaces the model config (e.g. another T or gamma); the stored field then serves only
-        the settings it was computed for.
+        the settings it was computed for. `include_held_out=False` leaves the held-out validation ratings
+        out of the known ratings (scoring those very ratings), and the stored field, computed with them, too.
         """
+        rows, cols, values = self.known(include_held_out)
         model = ScoringModel(
             config=config or self.config,
             user_emb=self.user_embeddings.astype(np.float64),
             item_emb=self.item_embeddings.astype(np.float64),
             bilinear=self.bilinear.astype(np.float64),
-            known_rows=self.train_rows,
-            known_cols=self.train_cols,
-            known_values=self.train_values,
+            known_rows=rows,
+            known_cols=cols,
+            known_values=values,
         )
-        if self.known_field is not None:
+        if self.known_field is not None and (include_held_out or len(self.held_out_rows) == 0):
             model.add_field(*self.known_field)
         return model
 
@@ -235,6 +255,11 @@ def load_artifact(directory: str | Path) -> Artifact:
         items = IdMap("item", json.loads((directory / "item_ids.json").read_text()))
         with np.load(directory / "train_ratings.npz", allow_pickle=False) as z:
             rows, cols, values = z["rows"], z["cols"], z["values"]
+        held_path = directory / HELD_OUT
+        held = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
+        if held_path.is_file():
+            with np.load(held_path, allow_pickle=False) as z:
+                held = (z["rows"], z["cols"], z["values"])
         user_emb = np.load(directory / "user_embeddings.npy", allow_pickle=False)
         item_emb = np.load(directory / "item_embeddings.npy", allow_pickle=False)
         bilinear = np.load(directory / "bilinear.npy", allow_pickle=False)
@@ -253,9 +278,12 @@ def load_artifact(directory: str | Path) -> Artifact:
             raise ArtifactError(f"{directory / name}: shape {tuple(got)}, config says {want}")
     if len(users) != model_config.n_users or len(items) != model_config.n_items:
         raise ArtifactError(f"{directory}: id maps do not match the configured matrix size")
-    if field is not None and field[1].t is not None and len(field[1].t) != len(rows):
+    if not len(held[0]) == len(held[1]) == len(held[2]):
+        raise ArtifactError(f"{directory / HELD_OUT}: rows, cols and values differ in length")
+    n_known = len(rows) + len(held[0])
+    if field is not None and field[1].t is not None and len(field[1].t) != n_known:
         raise ArtifactError(
-            f"{directory / KNOWN_FIELD}: {len(field[1].t)} known entries, the ratings hold {len(rows)}"
+            f"{directory / KNOWN_FIELD}: {len(field[1].t)} known entries, the ratings hold {n_known}"
         )
     return Artifact(
         path=directory,
@@ -272,4 +300,7 @@ def load_artifact(directory: str | Path) -> Artifact:
         item_embeddings=item_emb,
         bilinear=bilinear,
         known_field=field,
+        held_out_rows=held[0].astype(np.int64),
+        held_out_cols=held[1].astype(np.int64),
+        held_out_values=held[2].astype(np.float64),
     )

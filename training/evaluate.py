@@ -25,10 +25,15 @@ def map_entries(
 
 
 def predict_ratings(
-    artifact: Artifact, rows: np.ndarray, cols: np.ndarray, inference: InferenceConfig
+    artifact: Artifact,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    inference: InferenceConfig,
+    include_held_out: bool = True,
 ) -> np.ndarray:
-    """Expected ratings of artifact-indexed entries under `inference`."""
-    probs = predict_entries(artifact.scoring_model(), rows, cols, inference)
+    """Expected ratings of artifact-indexed entries under `inference`; `include_held_out=False` when
+    scoring the held-out validation ratings themselves (they must not be known ratings then)."""
+    probs = predict_entries(artifact.scoring_model(include_held_out=include_held_out), rows, cols, inference)
     return expected_rating(probs, artifact.levels)
 
 
@@ -73,7 +78,7 @@ def evaluate(
     inference = replace(artifact.inference, **changes)
     rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
     t0 = time.perf_counter()
-    pred = predict_ratings(artifact, rows, cols, inference)
+    pred = predict_ratings(artifact, rows, cols, inference, include_held_out=part != "val")
     seconds = time.perf_counter() - t0
     err = pred - entries.values
     return {

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.artifact import KNOWN_FIELD, artifact_writer, save_known_field
+from model.artifact import HELD_OUT, KNOWN_FIELD, artifact_writer, save_known_field
 from model.config import InferenceConfig, ModelConfig
 from model.engine import OnnxNetwork, ScoringModel
 from model.network import DCMC
@@ -121,6 +121,7 @@ def write_artifact(
     matrix: RatingMatrix,
     train_entries: Entries,
     *,
+    held_out: Entries | None = None,
     user_ids: list[str],
     item_ids: list[str],
     inference: InferenceConfig,
@@ -128,7 +129,10 @@ def write_artifact(
     dataset: dict[str, Any],
     metrics: dict[str, Any],
 ) -> Path:
-    """Write a complete artifact directory atomically; returns its path."""
+    """Write a complete artifact directory atomically; returns its path.
+
+    `held_out`: the validation ratings carved from the training split. The network never trained on them,
+    but they are known ratings at test time: the CRF's known field and the service use them."""
     model.eval()
     cfg: ModelConfig = model.config
     user_emb, item_emb = embed_all(model, matrix)
@@ -150,11 +154,19 @@ def write_artifact(
             cols=train_entries.cols.astype(np.int64),
             values=train_entries.values.astype(np.float64),
         )
+        if held_out is not None and len(held_out):
+            np.savez(
+                tmp / HELD_OUT,
+                rows=held_out.rows.astype(np.int64),
+                cols=held_out.cols.astype(np.int64),
+                values=held_out.values.astype(np.float64),
+            )
+        known = train_entries if held_out is None else Entries.concat([train_entries, held_out])
         np.save(tmp / "user_embeddings.npy", user_emb.astype(np.float32))
         np.save(tmp / "item_embeddings.npy", item_emb.astype(np.float32))
         bilinear = model.bilinear.detach().numpy().astype(np.float32)
         np.save(tmp / "bilinear.npy", bilinear)
-        write_known_field(tmp, cfg, user_emb, item_emb, bilinear, train_entries, inference)
+        write_known_field(tmp, cfg, user_emb, item_emb, bilinear, known, inference)
         export_onnx(model, tmp)
         metrics = {**metrics, "onnx_parity_max_abs_diff": check_parity(model, matrix, tmp)}
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

@@ -133,6 +133,7 @@ def run_training(
             model,
             matrix,
             train_entries,
+            held_out=val_entries,
             user_ids=data.user_ids,
             item_ids=data.item_ids,
             inference=chosen.inference,

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from model.artifact import KNOWN_FIELD, _load_known_field, load_artifact, save_known_field
-from model.engine import OnnxNetwork, ScoringModel, label_probabilities, predict_entries
+from model.engine import OnnxNetwork, ScoringModel, expected_rating, label_probabilities, predict_entries
 from model.network import DCMC
+from training.data import load_dataset
+from training.evaluate import held_out, map_entries, predict_ratings
 
 
 def _dense(art, by: str) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -60,14 +62,18 @@ def test_artifact_stores_the_known_field_of_its_exact_settings(tiny_artifact: Pa
     exact_cfg = replace(art.inference, mode="exact")
     assert art.known_field is not None
     stored_key, stored = art.known_field
+    # The field covers every known rating: those trained on and the held-out validation ratings.
+    assert len(art.held_out_rows) > 0
+    rows, cols, values = art.known()
+    assert len(rows) == len(art.train_rows) + len(art.held_out_rows)
     fresh_model = ScoringModel(
         config=art.config,
         user_emb=art.user_embeddings.astype(np.float64),
         item_emb=art.item_embeddings.astype(np.float64),
         bilinear=art.bilinear.astype(np.float64),
-        known_rows=art.train_rows,
-        known_cols=art.train_cols,
-        known_values=art.train_values,
+        known_rows=rows,
+        known_cols=cols,
+        known_values=values,
     )
     assert stored_key == fresh_model.field_key(exact_cfg)
     fresh = fresh_model.known_field(exact_cfg)
@@ -89,7 +95,7 @@ def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: 
     lines_cfg = replace(art.inference, mode="exact", known="clamped", same_user=2.0, same_item=0.5)
     model = art.scoring_model()
     key, field = model.field_key(lines_cfg), model.known_field(lines_cfg)
-    assert field.t is not None and field.t.shape == (len(art.train_rows), art.config.n_levels)
+    assert field.t is not None and field.t.shape == (len(art.known()[0]), art.config.n_levels)
     save_known_field(tmp_path / KNOWN_FIELD, key, field)
     loaded_key, loaded = _load_known_field(tmp_path / KNOWN_FIELD, art.config)
     assert loaded_key == key
@@ -113,3 +119,39 @@ def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: 
     np.savez(tmp_path / "broken.npz", **{**dict(np.load(tmp_path / KNOWN_FIELD)), **zeros})
     with pytest.raises(ValueError, match="line terms"):
         _load_known_field(tmp_path / "broken.npz", art.config)
+
+
+def test_held_out_ratings_are_known_at_test_time_but_not_when_scored(
+    tiny_artifact: Path, synthetic_csv: Path
+) -> None:
+    art = load_artifact(tiny_artifact)
+    ds = art.meta["dataset"]
+    split = load_dataset(ds["name"], synthetic_csv, split=ds["split"], seed=ds["seed"])
+    val = held_out(art, split, "val")
+    rows, cols = map_entries(art, split.user_ids, split.item_ids, val)
+    # The artifact keeps exactly the validation ratings the trainer carved, apart from the trained-on ones.
+    assert sorted(zip(art.held_out_rows, art.held_out_cols, strict=True)) == sorted(
+        zip(rows, cols, strict=True)
+    )
+    trained = set(zip(art.train_rows, art.train_cols, strict=True))
+    assert not trained & set(zip(rows, cols, strict=True))
+    with_held = art.scoring_model()
+    without = art.scoring_model(include_held_out=False)
+    assert len(with_held.known_rows) == len(art.train_rows) + len(val)
+    np.testing.assert_array_equal(without.known_rows, art.train_rows)
+    # Scoring the validation ratings leaves them out of the known ratings (and out of the stored field,
+    # computed with them): dcmc evaluate --on val equals a model over the trained-on ratings alone.
+    exact_cfg = replace(art.inference, mode="exact", known="clamped", co_rating=5.0)
+    assert not without.has_field(replace(art.inference, mode="exact"))
+    fresh = ScoringModel(
+        config=art.config,
+        user_emb=art.user_embeddings.astype(np.float64),
+        item_emb=art.item_embeddings.astype(np.float64),
+        bilinear=art.bilinear.astype(np.float64),
+        known_rows=art.train_rows,
+        known_cols=art.train_cols,
+        known_values=art.train_values,
+    )
+    expected = expected_rating(predict_entries(fresh, rows, cols, exact_cfg), art.levels)
+    np.testing.assert_allclose(predict_ratings(art, rows, cols, exact_cfg, include_held_out=False), expected)
+    assert not np.allclose(predict_ratings(art, rows, cols, exact_cfg), expected)  # their own labels leak
