@@ -193,6 +193,14 @@ def line_messages(
     return out
 
 
+def check_co_rating_items(m: int) -> None:
+    """Refuse (ConfigError) a catalogue too large for the co-rating term's m x m table."""
+    if m > CO_RATING_MAX_ITEMS:
+        raise ConfigError(
+            f"the co-rating term needs an m x m item table; {m} items exceed {CO_RATING_MAX_ITEMS}"
+        )
+
+
 def co_rating_affinity(
     rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n: int, m: int, power: float
 ) -> np.ndarray:
@@ -200,10 +208,7 @@ def co_rating_affinity(
 
     rho is the cosine of the items' rating columns after removing each user's mean rating (the adjusted
     cosine of item-based kNN), times n_jj' / (n_jj' + CO_RATING_SHRINK) for n_jj' users who rated both."""
-    if m > CO_RATING_MAX_ITEMS:
-        raise ConfigError(
-            f"the co-rating term needs an m x m item table; {m} items exceed {CO_RATING_MAX_ITEMS}"
-        )
+    check_co_rating_items(m)
     rated = np.zeros((n, m))
     rated[rows, cols] = 1.0
     counts = np.bincount(rows, minlength=n)

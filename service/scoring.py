@@ -75,12 +75,11 @@ def effective_inference(stored: InferenceConfig, settings: Settings) -> Inferenc
 
 def check_inference(inference: InferenceConfig, n_items: int) -> None:
     """Refuse, before any worker starts, a setting the model cannot run (ConfigError)."""
-    limit = exact.CO_RATING_MAX_ITEMS
-    if inference.mode == "exact" and inference.co_rating > 0 and n_items > limit:
-        raise ConfigError(
-            f"the co-rating term needs an items x items table; {n_items} items exceed {limit}"
-            " (set DCMC_CO_RATING=0)"
-        )
+    if inference.mode == "exact" and inference.co_rating > 0:
+        try:
+            exact.check_co_rating_items(n_items)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (set DCMC_CO_RATING=0)") from None
 
 
 class Scorer:

@@ -120,6 +120,7 @@ _DEFAULT_EPOCHS = {
 # validation.md). Slower averages (0.998) lag behind on the short Flixster and Douban schedules.
 _DEFAULT_EMA = 0.99
 
+
 # Default test-time inference, chosen on validation entries (benchmarks/results/validation.md). Everywhere
 # the CRF runs over every known rating clamped to its label, with normalized messages (model/exact.py).
 # On YahooMusic and Flixster the kernel's same-user and same-item terms put the weight on the query's own
@@ -130,31 +131,17 @@ _DEFAULT_EMA = 0.99
 # 0.8817 against 0.8854 and 0.7281 against 0.7317. Its weight, 1e10, lets it decide wherever the user has a
 # positively co-rated item; the model's kernel remains the fallback. On Flixster the co-rating term adds to
 # the line terms: 0.8500 against 0.8525, mean of seeds 0 and 1.
-_CO_RATING = InferenceConfig(
-    mode="exact", scaling="normalized", known="clamped", gamma=0.1, co_rating=1e10, co_rating_power=3.0
-)
+def _clamped(**kernel: float) -> InferenceConfig:
+    """`exact` over every known rating clamped to its label, with normalized messages."""
+    return InferenceConfig(mode="exact", scaling="normalized", known="clamped", **kernel)
+
+
+_CO_RATING = _clamped(gamma=0.1, co_rating=1e10, co_rating_power=3.0)
 _DEFAULT_INFERENCE = {
     "ml-100k": _CO_RATING,
     "douban": _CO_RATING,
-    "yahoo_music": InferenceConfig(
-        mode="exact",
-        scaling="normalized",
-        known="clamped",
-        gamma=3.0,
-        tau=1e4,
-        same_user=1000.0,
-        same_item=100.0,
-    ),
-    "flixster": InferenceConfig(
-        mode="exact",
-        scaling="normalized",
-        known="clamped",
-        gamma=3.0,
-        same_user=10000.0,
-        same_item=1000.0,
-        co_rating=1e8,
-        co_rating_power=3.0,
-    ),
+    "yahoo_music": _clamped(gamma=3.0, tau=1e4, same_user=1000.0, same_item=100.0),
+    "flixster": _clamped(gamma=3.0, same_user=10000.0, same_item=1000.0, co_rating=1e8, co_rating_power=3.0),
 }
 
 
