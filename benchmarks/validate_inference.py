@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--co-rating-powers", nargs="+", type=float, default=[2.0], help="exact: co-rating exponents q"
     )
+    parser.add_argument(
+        "--co-rating-priors", nargs="+", type=float, default=[0.0], help="exact: co-rating pseudo-counts c"
+    )
     parser.add_argument("--skip-paper", action="store_true")
     args = parser.parse_args(argv)
 
@@ -71,16 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         args.same_item,
         args.co_rating,
         args.co_rating_powers,
+        args.co_rating_priors,
         args.gammas,
     )
-    for scaling, known, tau, same_user, same_item, co_rating, power, gamma in grid:
+    for scaling, known, tau, same_user, same_item, co_rating, power, prior, gamma in grid:
         exact: dict[str, object] = {"mode": "exact", "scaling": scaling, "known": known, "gamma": gamma}
         if tau is not None:
             exact["tau"] = tau
         if same_user or same_item:
             exact.update(same_user=same_user, same_item=same_item)
         if co_rating:
-            exact.update(co_rating=co_rating, co_rating_power=power)
+            exact.update(co_rating=co_rating, co_rating_power=power, co_rating_prior=prior)
         settings.append(exact)
     for changes in settings:
         inference = replace(art.inference, **changes)

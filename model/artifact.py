@@ -186,7 +186,7 @@ class Artifact:
 
 def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
     """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
-    scaling, known, gamma, layers, scale, tau, same_user, same_item, co_rating, co_rating_power = key
+    scaling, known, gamma, layers, scale, tau, same_user, same_item, co_rating, power, prior = key
     extra = {} if field.t is None else {"t": field.t}
     np.savez(
         path,
@@ -202,7 +202,8 @@ def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
         same_user=np.float64(same_user),
         same_item=np.float64(same_item),
         co_rating=np.float64(co_rating),
-        co_rating_power=np.float64(co_rating_power),
+        co_rating_power=np.float64(power),
+        co_rating_prior=np.float64(prior),
     )
 
 
@@ -219,6 +220,7 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
             float(z["same_item"]) if "same_item" in z.files else 0.0,
             float(z["co_rating"]) if "co_rating" in z.files else 0.0,
             float(z["co_rating_power"]) if "co_rating_power" in z.files else 0.0,
+            float(z["co_rating_prior"]) if "co_rating_prior" in z.files else 0.0,
         )
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         t = z["t"].astype(np.float64) if "t" in z.files else None

@@ -58,7 +58,7 @@ def mean_field(
     return q
 
 
-FieldKey = tuple[str, str, float, int, float, float, float, float, float, float]
+FieldKey = tuple[str, str, float, int, float, float, float, float, float, float, float]
 
 
 @dataclass
@@ -115,7 +115,8 @@ class ScoringModel:
 
     def field_key(self, inference: InferenceConfig) -> FieldKey:
         """What a known field depends on beyond the model:
-        (scaling, known, gamma, T, scale, tau, same_user, same_item, co_rating, co_rating_power)."""
+        (scaling, known, gamma, T, scale, tau, same_user, same_item, co_rating, co_rating_power,
+        co_rating_prior)."""
         scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
         gamma, tau = self.gamma(inference), self.tau(inference)
         return (
@@ -129,6 +130,7 @@ class ScoringModel:
             inference.same_item,
             inference.co_rating,
             inference.co_rating_power if inference.co_rating > 0 else 0.0,
+            inference.co_rating_prior if inference.co_rating > 0 else 0.0,
         )
 
     def lines(self, inference: InferenceConfig) -> exact.Lines | None:
@@ -168,6 +170,7 @@ class ScoringModel:
             by_col,
             inference.co_rating,
             affinity,
+            inference.co_rating_prior,
         )
 
     def add_field(self, key: FieldKey, field: exact.KnownField) -> None:

@@ -26,7 +26,10 @@ brings in what it does not use, the co-rating of items (item-based kNN inside th
 
 rho the adjusted cosine of the two items' training rating columns (each user's mean removed), shrunk by
 n_jj' / (n_jj' + CO_RATING_SHRINK) with n_jj' the users who rated both (`co_rating_affinity`). It is again
-a sum over the query's row, with the m x m table of w computed once per model.
+a sum over the query's row, with the m x m table of w computed once per model. With normalized messages
+a pseudo-count c adds lambda_r c to the normaliser alone (an absent neighbour that sends nothing): a
+query whose co-rated items weigh W in all keeps W / (W + c) of their pull, so a user with few or weakly
+similar rated items stays closer to the base network.
 
 Many levels (YahooMusic has 69) make reading the p matrices G_u the main cost of a request. When the
 compatibility is not truncated, C[u, v] = (L_u - L_v)^2 = L_u^2 - 2 L_u L_v + L_v^2, so every
@@ -277,6 +280,7 @@ class Lines:
     by_col: LineIndex
     co_rating: float = 0.0
     affinity: np.ndarray | None = None  # (m, m) co-rating weights w(j, j'); needed when co_rating > 0
+    co_rating_prior: float = 0.0  # pseudo-count c: the normaliser gains lambda_r c (normalized messages)
 
     @property
     def active(self) -> bool:
@@ -393,8 +397,9 @@ def scaled_messages(
 ) -> np.ndarray:
     """Messages to (rows, cols) under a scaling: `sum` as is, `scaled` times `scale`, `normalized` divided
     by sum_l s(k, l): (K, p). With active `lines`, the kernel's same-user and same-item terms over the
-    known entries' transformed distributions `t` (N, p) join both the messages and the normaliser. With
-    `interp`, g holds only the anchor levels' matrices and the others follow from them."""
+    known entries' transformed distributions `t` (N, p) join both the messages and the normaliser, and
+    the co-rating pseudo-count adds lambda_r c to the normaliser alone. With `interp`, g holds only the
+    anchor levels' matrices and the others follow from them."""
     msg = read_messages(g, a, b, rows, cols) if interp is None else interp.read(g, a, b, rows, cols)
     line_total = 0.0
     if lines is not None and lines.active:
@@ -402,7 +407,7 @@ def scaled_messages(
         extra = lines.messages(t, a, b, rows, cols, with_total=scaling == "normalized")
         msg = msg + extra[:, : t.shape[1]]
         if scaling == "normalized":
-            line_total = extra[:, -1]
+            line_total = extra[:, -1] + lines.co_rating * lines.co_rating_prior
     if scaling == "scaled":
         return msg * scale
     if scaling == "normalized":

@@ -59,6 +59,7 @@ INFERENCE_OVERRIDES = (
     "same_item",
     "co_rating",
     "co_rating_power",
+    "co_rating_prior",
 )
 """Settings that override the artifact's InferenceConfig field of the same name (`gamma` is the model's)."""
 

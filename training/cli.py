@@ -204,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="exact: weight of the kernel's co-rating term, item-based kNN on the query's row (0 = off)",
     )
     e.add_argument("--co-rating-power", type=float, help="exact: exponent q of the co-rating weights")
+    e.add_argument(
+        "--co-rating-prior",
+        type=float,
+        help="exact, normalized: pseudo-count c added to the co-rating weights in the normaliser (0 = none)",
+    )
     e.add_argument("--seed", type=int, help="seed of the random subsets")
     e.add_argument("--repeats", type=int, help="number of random partitions averaged")
     e.add_argument("--subset-rows", type=int)

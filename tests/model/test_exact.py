@@ -257,10 +257,10 @@ def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("known", ["predicted", "clamped"])
-@pytest.mark.parametrize("co_rating", [0.0, 2.0])
+@pytest.mark.parametrize(("co_rating", "prior"), [(0.0, 0.0), (2.0, 0.0), (2.0, 0.7)])
 @pytest.mark.parametrize("few_users", [exact.FEW_USERS, 0])
 def test_exact_inference_with_line_terms_equals_dense_mean_field(
-    known: str, co_rating: float, few_users: int, monkeypatch: pytest.MonkeyPatch
+    known: str, co_rating: float, prior: float, few_users: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # few_users 0: every read takes the batched path, and the co-rating sums go pair by pair over several
     # chunks of queries; otherwise user by user.
@@ -274,7 +274,13 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     values = rng.integers(1, 5, len(rows)).astype(float)
     model = _random_model(rng, cfg, rows, cols, values)
     inference = InferenceConfig(
-        mode="exact", scaling="normalized", known=known, same_user=3.0, same_item=1.5, co_rating=co_rating
+        mode="exact",
+        scaling="normalized",
+        known=known,
+        same_user=3.0,
+        same_item=1.5,
+        co_rating=co_rating,
+        co_rating_prior=prior,
     )
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
     got = engine.predict_entries(model, q_rows, q_cols, inference)
@@ -289,15 +295,16 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     if known == "clamped":
         q_known = np.eye(len(levels))[engine.nearest_level(values, levels)]
     else:
+        # The pseudo-count joins the normaliser alone: c x lambda_r more weight that sends nothing.
         s_known = kernel(rows, cols)
-        q_known = engine.mean_field(
-            model.known_probs, s_known / s_known.sum(axis=1, keepdims=True), compat, 0.3, 3
-        )
+        z_known = s_known.sum(axis=1, keepdims=True) + co_rating * prior
+        q_known = engine.mean_field(model.known_probs, s_known / z_known, compat, 0.3, 3)
     s = kernel(q_rows, q_cols)
-    msg = (s @ (q_known @ compat.T)) / s.sum(axis=1, keepdims=True)
+    msg = (s @ (q_known @ compat.T)) / (s.sum(axis=1, keepdims=True) + co_rating * prior)
     want = exact.softmax(np.log(model.probabilities(q_rows, q_cols)) - 0.3 * msg)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
-    for off in ({"same_user": 0.0}, {"co_rating": 0.0 if co_rating else 1.0}):
+    offs = [{"same_user": 0.0}, {"co_rating": 0.0 if co_rating else 1.0}]
+    for off in offs + ([{"co_rating_prior": 0.0}] if prior else []):
         assert not np.allclose(got, engine.predict_entries(model, q_rows, q_cols, replace(inference, **off)))
 
 

@@ -136,20 +136,27 @@ def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scaling", "known", "same_user", "same_item", "co_rating"),
+    ("scaling", "known", "same_user", "same_item", "co_rating", "prior"),
     [
-        ("normalized", "predicted", 0.0, 0.0, 0.0),
-        ("sum", "clamped", 0.0, 0.0, 0.0),
-        ("normalized", "clamped", 3.0, 1.0, 0.0),
-        ("normalized", "clamped", 0.0, 0.0, 50.0),
+        ("normalized", "predicted", 0.0, 0.0, 0.0, 0.0),
+        ("sum", "clamped", 0.0, 0.0, 0.0, 0.0),
+        ("normalized", "clamped", 3.0, 1.0, 0.0, 0.0),
+        ("normalized", "clamped", 0.0, 0.0, 50.0, 0.0),
+        ("normalized", "clamped", 0.0, 0.0, 50.0, 0.5),
     ],
 )
 def test_exact_predictions_equal_the_offline_evaluator(
-    tiny_artifact: Path, scaling: str, known: str, same_user: float, same_item: float, co_rating: float
+    tiny_artifact: Path,
+    scaling: str,
+    known: str,
+    same_user: float,
+    same_item: float,
+    co_rating: float,
+    prior: float,
 ) -> None:
     env = {"DCMC_INFERENCE_MODE": "exact", "DCMC_SCALING": scaling, "DCMC_KNOWN": known}
     env |= {"DCMC_SAME_USER": str(same_user), "DCMC_SAME_ITEM": str(same_item)}
-    env |= {"DCMC_CO_RATING": str(co_rating), "DCMC_CO_RATING_POWER": "3"}
+    env |= {"DCMC_CO_RATING": str(co_rating), "DCMC_CO_RATING_POWER": "3", "DCMC_CO_RATING_PRIOR": str(prior)}
     svc = Service(tiny_artifact, env).wait_ready()
     try:
         artifact = load_artifact(tiny_artifact)
@@ -165,6 +172,7 @@ def test_exact_predictions_equal_the_offline_evaluator(
             same_item=same_item,
             co_rating=co_rating,
             co_rating_power=3.0,
+            co_rating_prior=prior,
         )
         rows, cols = artifact.users.indices(["u5"] * len(ITEMS)), artifact.items.indices(ITEMS)
         expected = predict_ratings(artifact, rows, cols, inference)
@@ -174,6 +182,9 @@ def test_exact_predictions_equal_the_offline_evaluator(
         assert not np.allclose(got, none)  # the known entries' messages do move the predictions
         if same_user or same_item or co_rating:  # and the service does apply the kernel's line terms
             off = replace(inference, same_user=0.0, same_item=0.0, co_rating=0.0)
+            assert not np.allclose(got, predict_ratings(artifact, rows, cols, off))
+        if prior:  # and its co-rating pseudo-count
+            off = replace(inference, co_rating_prior=0.0)
             assert not np.allclose(got, predict_ratings(artifact, rows, cols, off))
     finally:
         svc.stop()

@@ -157,3 +157,21 @@ def test_evaluate_refuses_co_rating_on_too_many_items(
     argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
     assert main([*argv, "--inference", "exact", "--co-rating", "1"]) == 2
     assert "items exceed 5" in capsys.readouterr().err
+
+
+def test_evaluate_takes_the_co_rating_prior_and_refuses_a_negative_one(
+    tiny_artifact: Path, synthetic_csv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.cli import main
+
+    argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
+    argv += ["--inference", "exact", "--co-rating", "5"]
+    results = []
+    for prior in ("0", "0.5"):
+        assert main([*argv, "--co-rating-prior", prior]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert [r["co_rating_prior"] for r in results] == [0.0, 0.5]
+    assert results[0]["rmse"] != results[1]["rmse"]
+    assert main([*argv, "--co-rating-prior", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "co_rating_prior" in err and "Traceback" not in err
