@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         "--co-rating-powers", nargs="+", type=float, default=[2.0], help="exact: co-rating exponents q"
     )
     parser.add_argument(
+        "--co-rating-user", nargs="+", type=float, default=[0.0], help="exact: user-based co-rating weights"
+    )
+    parser.add_argument(
         "--co-rating-priors", nargs="+", type=float, default=[0.0], help="exact: co-rating pseudo-counts c"
     )
     parser.add_argument("--skip-paper", action="store_true")
@@ -73,18 +76,20 @@ def main(argv: list[str] | None = None) -> int:
         args.same_user,
         args.same_item,
         args.co_rating,
+        args.co_rating_user,
         args.co_rating_powers,
         args.co_rating_priors,
         args.gammas,
     )
-    for scaling, known, tau, same_user, same_item, co_rating, power, prior, gamma in grid:
+    for scaling, known, tau, same_user, same_item, co_rating, co_user, power, prior, gamma in grid:
         exact: dict[str, object] = {"mode": "exact", "scaling": scaling, "known": known, "gamma": gamma}
         if tau is not None:
             exact["tau"] = tau
         if same_user or same_item:
             exact.update(same_user=same_user, same_item=same_item)
-        if co_rating:
-            exact.update(co_rating=co_rating, co_rating_power=power, co_rating_prior=prior)
+        if co_rating or co_user:
+            exact.update(co_rating=co_rating, co_rating_user=co_user, co_rating_power=power)
+            exact.update(co_rating_prior=prior)
         settings.append(exact)
     for changes in settings:
         inference = replace(art.inference, **changes)

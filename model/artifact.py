@@ -186,7 +186,7 @@ class Artifact:
 
 def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
     """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
-    scaling, known, gamma, layers, scale, tau, same_user, same_item, co_rating, power, prior = key
+    scaling, known, gamma, layers, scale, tau, same_user, same_item, co_rating, power, prior, co_user = key
     extra = {} if field.t is None else {"t": field.t}
     np.savez(
         path,
@@ -204,6 +204,7 @@ def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
         co_rating=np.float64(co_rating),
         co_rating_power=np.float64(power),
         co_rating_prior=np.float64(prior),
+        co_rating_user=np.float64(co_user),
     )
 
 
@@ -221,13 +222,14 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
             float(z["co_rating"]) if "co_rating" in z.files else 0.0,
             float(z["co_rating_power"]) if "co_rating_power" in z.files else 0.0,
             float(z["co_rating_prior"]) if "co_rating_prior" in z.files else 0.0,
+            float(z["co_rating_user"]) if "co_rating_user" in z.files else 0.0,
         )
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         t = z["t"].astype(np.float64) if "t" in z.files else None
     dim = config.embedding_dim + 1
     if g.shape != (config.n_levels, dim, dim) or h.shape != (dim, dim):
         raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
-    if (key[6] > 0 or key[7] > 0 or key[8] > 0) != (t is not None) or (
+    if (key[6] > 0 or key[7] > 0 or key[8] > 0 or key[11] > 0) != (t is not None) or (
         t is not None and t.shape[1] != config.n_levels
     ):
         raise ValueError("known field: the line terms' distributions are missing or misshapen")

@@ -102,6 +102,7 @@ EXACT_SETTINGS = (
     "co_rating",
     "co_rating_power",
     "co_rating_prior",
+    "co_rating_user",
 )
 """The InferenceConfig fields that only the `exact` mode reads."""
 
@@ -142,11 +143,14 @@ class InferenceConfig:
     shrunk adjusted cosine of the items' training rating columns (item-based kNN; see model/exact.py)."""
     co_rating_power: float = 2.0
     """`exact` only: exponent q of the co-rating weights, w = max(0, rho)^q (larger = sharper)."""
+    co_rating_user: float = 0.0
+    """`exact` only: weight lambda_c of the kernel's user-based co-rating term, lambda_c [j = j'] w_u(i, i'),
+    with w_u the same shrunk adjusted cosine between the users' training rating rows (each item's mean
+    removed) and exponent q (user-based kNN on the query's column; 0 = off)."""
     co_rating_prior: float = 0.0
-    """`exact` with `normalized` messages only: pseudo-count c added to the co-rating weights in the
-    normaliser, sum_l s(k, l) + lambda_r (W + c) with W the query's summed co-rating weights. A query with
-    few or weakly co-rated items then receives a weaker pull (W / (W + c) of it) and keeps more of the base
-    network's distribution (0 = none)."""
+    """`exact` with `normalized` messages only: pseudo-count c of the co-rating terms, which adds
+    (lambda_r + lambda_c) c to the normaliser. A query whose co-rated neighbours weigh little then receives
+    a weaker pull and keeps more of the base network's distribution (0 = none)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "none", "exact"):
@@ -159,10 +163,10 @@ class InferenceConfig:
             raise ConfigError(f"gamma must be >= 0, got {self.gamma}")
         if self.same_user < 0 or self.same_item < 0:
             raise ConfigError(f"same_user and same_item must be >= 0, got {self.same_user}, {self.same_item}")
-        if self.co_rating < 0 or not self.co_rating_power > 0 or self.co_rating_prior < 0:
+        if min(self.co_rating, self.co_rating_user, self.co_rating_prior) < 0 or not self.co_rating_power > 0:
             raise ConfigError(
-                "co_rating and co_rating_prior must be >= 0 and co_rating_power > 0, got "
-                f"{self.co_rating}, {self.co_rating_prior} and {self.co_rating_power}"
+                "co_rating, co_rating_user and co_rating_prior must be >= 0 and co_rating_power > 0, got "
+                f"{self.co_rating}, {self.co_rating_user}, {self.co_rating_prior} and {self.co_rating_power}"
             )
         if self.tau is not None and not self.tau > 0:
             raise ConfigError(f"tau must be > 0, got {self.tau}")

@@ -58,7 +58,7 @@ def mean_field(
     return q
 
 
-FieldKey = tuple[str, str, float, int, float, float, float, float, float, float, float]
+FieldKey = tuple[str, str, float, int, float, float, float, float, float, float, float, float]
 
 
 @dataclass
@@ -82,7 +82,7 @@ class ScoringModel:
         self._partitions: dict[tuple[int, int, int, int], Partitions] = {}
         self._fields: dict[FieldKey, exact.KnownField] = {}
         self._line_index: tuple[exact.LineIndex, exact.LineIndex] | None = None
-        self._affinity: dict[float, np.ndarray] = {}
+        self._affinity: dict[tuple[str, float], np.ndarray] = {}  # by ("items" | "users", power)
         self._lock = threading.Lock()
         self.user_lifted = exact.lift(self.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
         self.item_lifted = exact.lift(self.item_unit)
@@ -116,9 +116,10 @@ class ScoringModel:
     def field_key(self, inference: InferenceConfig) -> FieldKey:
         """What a known field depends on beyond the model:
         (scaling, known, gamma, T, scale, tau, same_user, same_item, co_rating, co_rating_power,
-        co_rating_prior)."""
+        co_rating_prior, co_rating_user)."""
         scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
         gamma, tau = self.gamma(inference), self.tau(inference)
+        co_rated = inference.co_rating > 0 or inference.co_rating_user > 0
         return (
             inference.scaling,
             inference.known,
@@ -129,15 +130,17 @@ class ScoringModel:
             inference.same_user,
             inference.same_item,
             inference.co_rating,
-            inference.co_rating_power if inference.co_rating > 0 else 0.0,
-            inference.co_rating_prior if inference.co_rating > 0 else 0.0,
+            inference.co_rating_power if co_rated else 0.0,
+            inference.co_rating_prior if co_rated else 0.0,
+            inference.co_rating_user,
         )
 
     def lines(self, inference: InferenceConfig) -> exact.Lines | None:
         """The kernel's same-user, same-item and co-rating terms of an `exact` setting (None when every
-        weight is 0); the known entries are indexed by row and column, and the co-rating table is built,
+        weight is 0); the known entries are indexed by row and column, and the co-rating tables are built,
         once."""
-        if inference.same_user == 0 and inference.same_item == 0 and inference.co_rating == 0:
+        terms = (inference.same_user, inference.same_item, inference.co_rating, inference.co_rating_user)
+        if not any(terms):
             return None
         with self._lock:
             if self._line_index is None:
@@ -145,21 +148,9 @@ class ScoringModel:
                     exact.LineIndex(self.known_rows, len(self.user_emb)),
                     exact.LineIndex(self.known_cols, len(self.item_emb)),
                 )
-            affinity = None
-            if inference.co_rating > 0:
-                affinity = self._affinity.get(inference.co_rating_power)
-                if affinity is None:
-                    if self.known_values is None:
-                        raise ValueError("the co-rating term needs the known ratings' values")
-                    affinity = exact.co_rating_affinity(
-                        self.known_rows,
-                        self.known_cols,
-                        self.known_values,
-                        len(self.user_emb),
-                        len(self.item_emb),
-                        inference.co_rating_power,
-                    )
-                    self._affinity[inference.co_rating_power] = affinity
+            power = inference.co_rating_power
+            items = self._co_rating_table("items", power) if inference.co_rating > 0 else None
+            users = self._co_rating_table("users", power) if inference.co_rating_user > 0 else None
         by_row, by_col = self._line_index
         return exact.Lines(
             inference.same_user,
@@ -169,9 +160,27 @@ class ScoringModel:
             by_row,
             by_col,
             inference.co_rating,
-            affinity,
+            items,
             inference.co_rating_prior,
+            inference.co_rating_user,
+            users,
         )
+
+    def _co_rating_table(self, what: str, power: float) -> np.ndarray:
+        """The item (m x m) or user (n x n) co-rating table of an exponent, built once (caller holds the
+        lock)."""
+        key = (what, power)
+        if key not in self._affinity:
+            if self.known_values is None:
+                raise ValueError("the co-rating terms need the known ratings' values")
+            n, m = len(self.user_emb), len(self.item_emb)
+            r, c, v = self.known_rows, self.known_cols, self.known_values
+            self._affinity[key] = (
+                exact.co_rating_affinity(r, c, v, n, m, power)
+                if what == "items"
+                else exact.co_rating_affinity(c, r, v, m, n, power, what="users")
+            )
+        return self._affinity[key]
 
     def add_field(self, key: FieldKey, field: exact.KnownField) -> None:
         """Install a precomputed known field (e.g. from the artifact) under its key."""

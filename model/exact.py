@@ -26,10 +26,17 @@ brings in what it does not use, the co-rating of items (item-based kNN inside th
 
 rho the adjusted cosine of the two items' training rating columns (each user's mean removed), shrunk by
 n_jj' / (n_jj' + CO_RATING_SHRINK) with n_jj' the users who rated both (`co_rating_affinity`). It is again
-a sum over the query's row, with the m x m table of w computed once per model. With normalized messages
-a pseudo-count c adds lambda_r c to the normaliser alone (an absent neighbour that sends nothing): a
-query whose co-rated items weigh W in all keeps W / (W + c) of their pull, so a user with few or weakly
-similar rated items stays closer to the base network.
+a sum over the query's row, with the m x m table of w computed once per model. Its mirror, user-based
+kNN on the query's column,
+
+    + lambda_c [j = j'] w_u(i, i'),   w_u(i, i') = max(0, rho_u(i, i'))^q,
+
+weighs the other users' ratings of the query's item by the adjusted cosine of the users' rating rows
+(each item's mean removed, the same shrinkage), from an n x n table.
+
+With normalized messages a pseudo-count c adds (lambda_r + lambda_c) c to the normaliser alone (an absent
+neighbour that sends nothing): a query whose co-rated neighbours weigh W in all keeps about W / (W + c) of
+their pull, so a user with few or weakly similar rated items stays closer to the base network.
 
 Many levels (YahooMusic has 69) make reading the p matrices G_u the main cost of a request. When the
 compatibility is not truncated, C[u, v] = (L_u - L_v)^2 = L_u^2 - 2 L_u L_v + L_v^2, so every
@@ -54,7 +61,8 @@ CO_RATING_SHRINK = 10.0
 """Shrinkage of the co-rating similarity: rho is scaled by n / (n + CO_RATING_SHRINK), n co-raters."""
 
 CO_RATING_MAX_ITEMS = 20_000
-"""The co-rating term keeps an m x m table (3.2 GB of float64 at this size); larger catalogues are refused."""
+"""A co-rating term keeps an m x m item (or n x n user) table, 3.2 GB of float64 at this size; larger
+catalogues (or user bases) are refused."""
 
 PAIR_CHUNK = 1 << 21
 """(query, line member) pairs per pass of the co-rating term: bounds its temporaries."""
@@ -196,22 +204,31 @@ def line_messages(
     return out
 
 
-def check_co_rating_items(m: int) -> None:
-    """Refuse (ConfigError) a catalogue too large for the co-rating term's m x m table."""
-    if m > CO_RATING_MAX_ITEMS:
+def check_co_rating_size(count: int, what: str = "items") -> None:
+    """Refuse (ConfigError) a catalogue (or user base) too large for a co-rating term's table."""
+    if count > CO_RATING_MAX_ITEMS:
         raise ConfigError(
-            f"the co-rating term needs an m x m item table; {m} items exceed {CO_RATING_MAX_ITEMS}"
+            f"the co-rating term needs a {what[:-1]} x {what[:-1]} table; {count} {what} exceed "
+            f"{CO_RATING_MAX_ITEMS}"
         )
 
 
 def co_rating_affinity(
-    rows: np.ndarray, cols: np.ndarray, values: np.ndarray, n: int, m: int, power: float
+    rows: np.ndarray,
+    cols: np.ndarray,
+    values: np.ndarray,
+    n: int,
+    m: int,
+    power: float,
+    what: str = "items",
 ) -> np.ndarray:
     """w(j, j') = max(0, rho(j, j'))^power for every item pair: (m, m) float64.
 
     rho is the cosine of the items' rating columns after removing each user's mean rating (the adjusted
-    cosine of item-based kNN), times n_jj' / (n_jj' + CO_RATING_SHRINK) for n_jj' users who rated both."""
-    check_co_rating_items(m)
+    cosine of item-based kNN), times n_jj' / (n_jj' + CO_RATING_SHRINK) for n_jj' users who rated both.
+    With rows and columns swapped (cols, rows, values, m, n) the same gives the user table of the
+    user-based term: users' rating rows with each item's mean removed."""
+    check_co_rating_size(m, what)
     rated = np.zeros((n, m))
     rated[rows, cols] = 1.0
     counts = np.bincount(rows, minlength=n)
@@ -230,15 +247,17 @@ def co_rating_affinity(
 def affinity_messages(
     index: LineIndex,
     affinity: np.ndarray,
-    known_cols: np.ndarray,
+    known_other: np.ndarray,
     weights: np.ndarray,
     rows: np.ndarray,
     cols: np.ndarray,
     with_total: bool = False,
 ) -> np.ndarray:
-    """m[k] = sum over known l on the query's row of affinity[cols[k], known_cols[l]] weights[l]: (K, p);
-    `with_total` appends the sum of the affinities as column p. Up to FEW_USERS distinct rows (a request)
-    one matrix product per row over its block of the table, else one (query, member) pair at a time."""
+    """m[k] = sum over known l on line rows[k] of affinity[cols[k], known_other[l]] weights[l]: (K, p);
+    `with_total` appends the sum of the affinities as column p. `index` groups the known entries by line:
+    by row for the item table (rows = the queries' users, cols their items, known_other the known items),
+    by column for the user table (the roles swapped). Up to FEW_USERS distinct lines (a request's user)
+    one matrix product per line over its block of the table, else one (query, member) pair at a time."""
     p = weights.shape[1] + int(with_total)
     out = np.zeros((len(rows), p))
     users, inverse = np.unique(rows, return_inverse=True)
@@ -249,7 +268,7 @@ def affinity_messages(
             vals = weights[members]
             if with_total:
                 vals = np.hstack([vals, np.ones((len(vals), 1))])
-            out[mine] = affinity[np.ix_(cols[mine], known_cols[members])] @ vals
+            out[mine] = affinity[np.ix_(cols[mine], known_other[members])] @ vals
         return out
     per_query = index.indptr[rows + 1] - index.indptr[rows]
     ends = np.cumsum(per_query)
@@ -259,7 +278,7 @@ def affinity_messages(
         count = per_query[lo:hi]
         owner, pos = ranges(index.indptr[rows[lo:hi]], count)
         members = index.order[pos]
-        w = affinity[cols[lo:hi][owner], known_cols[members]]
+        w = affinity[cols[lo:hi][owner], known_other[members]]
         vals = weights[members]
         if with_total:
             vals = np.hstack([vals, np.ones((len(vals), 1))])
@@ -280,12 +299,19 @@ class Lines:
     by_col: LineIndex
     co_rating: float = 0.0
     affinity: np.ndarray | None = None  # (m, m) co-rating weights w(j, j'); needed when co_rating > 0
-    co_rating_prior: float = 0.0  # pseudo-count c: the normaliser gains lambda_r c (normalized messages)
+    co_rating_prior: float = 0.0  # pseudo-count c: the normaliser gains (lambda_r + lambda_c) c
+    co_rating_user: float = 0.0  # lambda_c, the user-based term's weight
+    user_affinity: np.ndarray | None = None  # (n, n) user co-rating weights; needed when co_rating_user > 0
 
     @property
     def active(self) -> bool:
         """Whether any term has a weight."""
-        return self.same_user > 0 or self.same_item > 0 or self.co_rating > 0
+        return self.same_user > 0 or self.same_item > 0 or self.co_rating > 0 or self.co_rating_user > 0
+
+    @property
+    def prior_weight(self) -> float:
+        """What the co-rating pseudo-count adds to the normaliser: (lambda_r + lambda_c) c."""
+        return (self.co_rating + self.co_rating_user) * self.co_rating_prior
 
     def messages(
         self,
@@ -297,8 +323,8 @@ class Lines:
         with_total: bool = False,
     ) -> np.ndarray:
         """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l
-        + lambda_r sum_{l on row i} w(j, j_l) w_l: (K, p); `with_total` appends the same sums of the
-        similarities alone (the normaliser's share)."""
+        + lambda_r sum_{l on row i} w(j, j_l) w_l + lambda_c sum_{l on col j} w_u(i, i_l) w_l: (K, p);
+        `with_total` appends the same sums of the similarities alone (the normaliser's share)."""
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         if self.same_user > 0:
             user = line_messages(self.by_row, b, self.known_cols, weights, rows, b[cols], with_total)
@@ -312,6 +338,12 @@ class Lines:
                 self.by_row, self.affinity, self.known_cols, weights, rows, cols, with_total
             )
             out += self.co_rating * co
+        if self.co_rating_user > 0:
+            assert self.user_affinity is not None, "the user-based co-rating term needs its user table"
+            co = affinity_messages(
+                self.by_col, self.user_affinity, self.known_rows, weights, cols, rows, with_total
+            )
+            out += self.co_rating_user * co
         return out
 
 
@@ -398,8 +430,8 @@ def scaled_messages(
     """Messages to (rows, cols) under a scaling: `sum` as is, `scaled` times `scale`, `normalized` divided
     by sum_l s(k, l): (K, p). With active `lines`, the kernel's same-user and same-item terms over the
     known entries' transformed distributions `t` (N, p) join both the messages and the normaliser, and
-    the co-rating pseudo-count adds lambda_r c to the normaliser alone. With `interp`, g holds only the
-    anchor levels' matrices and the others follow from them."""
+    the co-rating pseudo-count adds (lambda_r + lambda_c) c to the normaliser alone. With `interp`, g holds
+    only the anchor levels' matrices and the others follow from them."""
     msg = read_messages(g, a, b, rows, cols) if interp is None else interp.read(g, a, b, rows, cols)
     line_total = 0.0
     if lines is not None and lines.active:
@@ -407,7 +439,7 @@ def scaled_messages(
         extra = lines.messages(t, a, b, rows, cols, with_total=scaling == "normalized")
         msg = msg + extra[:, : t.shape[1]]
         if scaling == "normalized":
-            line_total = extra[:, -1] + lines.co_rating * lines.co_rating_prior
+            line_total = extra[:, -1] + lines.prior_weight
     if scaling == "scaled":
         return msg * scale
     if scaling == "normalized":

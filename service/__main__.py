@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings()
         verify(settings.artifacts)
         model_config, stored = read_config(settings.artifacts)
-        check_inference(effective_inference(stored, settings), model_config.n_items)
+        check_inference(effective_inference(stored, settings), model_config.n_users, model_config.n_items)
     except ValidationError as exc:
         print(f"dcmc serve: error: invalid settings: {exc}", file=sys.stderr)
         return 2

@@ -60,6 +60,7 @@ INFERENCE_OVERRIDES = (
     "co_rating",
     "co_rating_power",
     "co_rating_prior",
+    "co_rating_user",
 )
 """Settings that override the artifact's InferenceConfig field of the same name (`gamma` is the model's)."""
 
@@ -74,13 +75,18 @@ def effective_inference(stored: InferenceConfig, settings: Settings) -> Inferenc
     return replace(stored, **changes)
 
 
-def check_inference(inference: InferenceConfig, n_items: int) -> None:
+def check_inference(inference: InferenceConfig, n_users: int, n_items: int) -> None:
     """Refuse, before any worker starts, a setting the model cannot run (ConfigError)."""
-    if inference.mode == "exact" and inference.co_rating > 0:
-        try:
-            exact.check_co_rating_items(n_items)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc} (set DCMC_CO_RATING=0)") from None
+    if inference.mode != "exact":
+        return
+    tables = [("DCMC_CO_RATING", inference.co_rating, n_items, "items")]
+    tables.append(("DCMC_CO_RATING_USER", inference.co_rating_user, n_users, "users"))
+    for variable, weight, count, what in tables:
+        if weight > 0:
+            try:
+                exact.check_co_rating_size(count, what)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (set {variable}=0)") from None
 
 
 class Scorer:

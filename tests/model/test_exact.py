@@ -254,13 +254,23 @@ def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.Mo
     monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
     with pytest.raises(ConfigError, match="6 items exceed 5"):
         exact.co_rating_affinity(rows, cols, values, n, m, 2.0)
+    with pytest.raises(ConfigError, match="user x user table; 9 users exceed 5"):
+        exact.co_rating_affinity(cols, rows, values, m, n, 2.0, what="users")
 
 
 @pytest.mark.parametrize("known", ["predicted", "clamped"])
-@pytest.mark.parametrize(("co_rating", "prior"), [(0.0, 0.0), (2.0, 0.0), (2.0, 0.7)])
+@pytest.mark.parametrize(
+    ("co_rating", "co_user", "prior"),
+    [(0.0, 0.0, 0.0), (2.0, 0.0, 0.0), (2.0, 0.0, 0.7), (0.0, 1.5, 0.0), (2.0, 1.5, 0.7)],
+)
 @pytest.mark.parametrize("few_users", [exact.FEW_USERS, 0])
 def test_exact_inference_with_line_terms_equals_dense_mean_field(
-    known: str, co_rating: float, prior: float, few_users: int, monkeypatch: pytest.MonkeyPatch
+    known: str,
+    co_rating: float,
+    co_user: float,
+    prior: float,
+    few_users: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # few_users 0: every read takes the batched path, and the co-rating sums go pair by pair over several
     # chunks of queries; otherwise user by user.
@@ -280,16 +290,20 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
         same_user=3.0,
         same_item=1.5,
         co_rating=co_rating,
+        co_rating_user=co_user,
         co_rating_prior=prior,
     )
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
     got = engine.predict_entries(model, q_rows, q_cols, inference)
     a, b, compat = model.user_lifted, model.item_lifted, model.compat
     w = _adjusted_cosine(rows, cols, values, n, m, inference.co_rating_power)
+    w_users = _adjusted_cosine(cols, rows, values, m, n, inference.co_rating_power)  # the roles swapped
+    z_prior = (co_rating + co_user) * prior
 
     def kernel(k_rows, k_cols):  # type: ignore[no-untyped-def]
         same_row = k_rows[:, None] == rows[None, :]
-        co = co_rating * same_row * w[k_cols][:, cols]
+        same_col = k_cols[:, None] == cols[None, :]
+        co = co_rating * same_row * w[k_cols][:, cols] + co_user * same_col * w_users[k_rows][:, rows]
         return _line_kernel(a, b, rows, cols, k_rows, k_cols, 3.0, 1.5) + co
 
     if known == "clamped":
@@ -297,14 +311,15 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     else:
         # The pseudo-count joins the normaliser alone: c x lambda_r more weight that sends nothing.
         s_known = kernel(rows, cols)
-        z_known = s_known.sum(axis=1, keepdims=True) + co_rating * prior
+        z_known = s_known.sum(axis=1, keepdims=True) + z_prior
         q_known = engine.mean_field(model.known_probs, s_known / z_known, compat, 0.3, 3)
     s = kernel(q_rows, q_cols)
-    msg = (s @ (q_known @ compat.T)) / (s.sum(axis=1, keepdims=True) + co_rating * prior)
+    msg = (s @ (q_known @ compat.T)) / (s.sum(axis=1, keepdims=True) + z_prior)
     want = exact.softmax(np.log(model.probabilities(q_rows, q_cols)) - 0.3 * msg)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
     offs = [{"same_user": 0.0}, {"co_rating": 0.0 if co_rating else 1.0}]
-    for off in offs + ([{"co_rating_prior": 0.0}] if prior else []):
+    offs += [{"co_rating_user": 0.0 if co_user else 1.0}] + ([{"co_rating_prior": 0.0}] if prior else [])
+    for off in offs:
         assert not np.allclose(got, engine.predict_entries(model, q_rows, q_cols, replace(inference, **off)))
 
 

@@ -136,13 +136,13 @@ def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scaling", "known", "same_user", "same_item", "co_rating", "prior"),
+    ("scaling", "known", "same_user", "same_item", "co_rating", "co_user", "prior"),
     [
-        ("normalized", "predicted", 0.0, 0.0, 0.0, 0.0),
-        ("sum", "clamped", 0.0, 0.0, 0.0, 0.0),
-        ("normalized", "clamped", 3.0, 1.0, 0.0, 0.0),
-        ("normalized", "clamped", 0.0, 0.0, 50.0, 0.0),
-        ("normalized", "clamped", 0.0, 0.0, 50.0, 0.5),
+        ("normalized", "predicted", 0.0, 0.0, 0.0, 0.0, 0.0),
+        ("sum", "clamped", 0.0, 0.0, 0.0, 0.0, 0.0),
+        ("normalized", "clamped", 3.0, 1.0, 0.0, 0.0, 0.0),
+        ("normalized", "clamped", 0.0, 0.0, 50.0, 0.0, 0.0),
+        ("normalized", "clamped", 0.0, 0.0, 50.0, 30.0, 0.5),
     ],
 )
 def test_exact_predictions_equal_the_offline_evaluator(
@@ -152,11 +152,13 @@ def test_exact_predictions_equal_the_offline_evaluator(
     same_user: float,
     same_item: float,
     co_rating: float,
+    co_user: float,
     prior: float,
 ) -> None:
     env = {"DCMC_INFERENCE_MODE": "exact", "DCMC_SCALING": scaling, "DCMC_KNOWN": known}
     env |= {"DCMC_SAME_USER": str(same_user), "DCMC_SAME_ITEM": str(same_item)}
     env |= {"DCMC_CO_RATING": str(co_rating), "DCMC_CO_RATING_POWER": "3", "DCMC_CO_RATING_PRIOR": str(prior)}
+    env |= {"DCMC_CO_RATING_USER": str(co_user)}
     svc = Service(tiny_artifact, env).wait_ready()
     try:
         artifact = load_artifact(tiny_artifact)
@@ -173,6 +175,7 @@ def test_exact_predictions_equal_the_offline_evaluator(
             co_rating=co_rating,
             co_rating_power=3.0,
             co_rating_prior=prior,
+            co_rating_user=co_user,
         )
         rows, cols = artifact.users.indices(["u5"] * len(ITEMS)), artifact.items.indices(ITEMS)
         expected = predict_ratings(artifact, rows, cols, inference)
@@ -183,8 +186,8 @@ def test_exact_predictions_equal_the_offline_evaluator(
         if same_user or same_item or co_rating:  # and the service does apply the kernel's line terms
             off = replace(inference, same_user=0.0, same_item=0.0, co_rating=0.0)
             assert not np.allclose(got, predict_ratings(artifact, rows, cols, off))
-        if prior:  # and its co-rating pseudo-count
-            off = replace(inference, co_rating_prior=0.0)
-            assert not np.allclose(got, predict_ratings(artifact, rows, cols, off))
+        for off in [{"co_rating_prior": 0.0}, {"co_rating_user": 0.0}] if prior else []:
+            # and the co-rating pseudo-count and user-based term
+            assert not np.allclose(got, predict_ratings(artifact, rows, cols, replace(inference, **off)))
     finally:
         svc.stop()

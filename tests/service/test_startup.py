@@ -33,13 +33,20 @@ def test_missing_artifact_prevents_start_up(tmp_path: Path) -> None:
     assert "does not exist" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "what"), [("DCMC_CO_RATING", "items"), ("DCMC_CO_RATING_USER", "users")]
+)
 def test_co_rating_on_too_many_items_prevents_start_up(
-    tiny_artifact: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tiny_artifact: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    what: str,
 ) -> None:
-    # The m x m co-rating table is refused before any worker starts, in one line.
+    # The m x m (or n x n) co-rating table is refused before any worker starts, in one line.
     monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
-    for name, value in {"DCMC_ARTIFACTS": "", "DCMC_INFERENCE_MODE": "exact", "DCMC_CO_RATING": "1"}.items():
+    for name, value in {"DCMC_ARTIFACTS": "", "DCMC_INFERENCE_MODE": "exact", variable: "1"}.items():
         monkeypatch.setenv(name, value)
     assert serve_main(["--artifacts", str(tiny_artifact)]) == 2
     err = capsys.readouterr().err
-    assert "items exceed 5" in err and "DCMC_CO_RATING=0" in err and "Traceback" not in err
+    assert f"{what} exceed 5" in err and f"{variable}=0" in err and "Traceback" not in err
