@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         "--co-rating-user", nargs="+", type=float, default=[0.0], help="exact: user-based co-rating weights"
     )
     parser.add_argument(
+        "--co-rating-shrinks", nargs="+", type=float, default=[10.0], help="exact: co-rating shrinkages s"
+    )
+    parser.add_argument(
         "--co-rating-priors", nargs="+", type=float, default=[0.0], help="exact: co-rating pseudo-counts c"
     )
     parser.add_argument("--skip-paper", action="store_true")
@@ -79,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         args.co_rating_user,
         args.co_rating_powers,
         args.co_rating_priors,
+        args.co_rating_shrinks,
         args.gammas,
     )
-    for scaling, known, tau, same_user, same_item, co_rating, co_user, power, prior, gamma in grid:
+    for scaling, known, tau, same_user, same_item, co_rating, co_user, power, prior, shrink, gamma in grid:
         exact: dict[str, object] = {"mode": "exact", "scaling": scaling, "known": known, "gamma": gamma}
         if tau is not None:
             exact["tau"] = tau
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             exact.update(same_user=same_user, same_item=same_item)
         if co_rating or co_user:
             exact.update(co_rating=co_rating, co_rating_user=co_user, co_rating_power=power)
-            exact.update(co_rating_prior=prior)
+            exact.update(co_rating_prior=prior, co_rating_shrink=shrink)
         settings.append(exact)
     for changes in settings:
         inference = replace(art.inference, **changes)

@@ -184,28 +184,29 @@ class Artifact:
         return model
 
 
+FIELD_KEY_NAMES = (
+    "scaling",
+    "known",
+    "gamma",
+    "layers",
+    "scale",
+    "tau",
+    "same_user",
+    "same_item",
+    "co_rating",
+    "co_rating_power",
+    "co_rating_prior",
+    "co_rating_user",
+    "co_rating_shrink",
+)
+"""The names a known field's key (`ScoringModel.field_key`) is stored under, in order."""
+
+
 def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
     """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
-    scaling, known, gamma, layers, scale, tau, same_user, same_item, co_rating, power, prior, co_user = key
     extra = {} if field.t is None else {"t": field.t}
-    np.savez(
-        path,
-        **extra,
-        g=field.g,
-        h=field.h,
-        scaling=np.array(scaling),
-        known=np.array(known),
-        gamma=np.float64(gamma),
-        layers=np.int64(layers),
-        scale=np.float64(scale),
-        tau=np.float64(tau),
-        same_user=np.float64(same_user),
-        same_item=np.float64(same_item),
-        co_rating=np.float64(co_rating),
-        co_rating_power=np.float64(power),
-        co_rating_prior=np.float64(prior),
-        co_rating_user=np.float64(co_user),
-    )
+    settings = {name: np.array(value) for name, value in zip(FIELD_KEY_NAMES, key, strict=True)}
+    np.savez(path, **extra, **settings, g=field.g, h=field.h)
 
 
 def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownField]:
@@ -223,7 +224,10 @@ def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownF
             float(z["co_rating_power"]) if "co_rating_power" in z.files else 0.0,
             float(z["co_rating_prior"]) if "co_rating_prior" in z.files else 0.0,
             float(z["co_rating_user"]) if "co_rating_user" in z.files else 0.0,
+            float(z["co_rating_shrink"]) if "co_rating_shrink" in z.files else 0.0,
         )
+        if "co_rating_shrink" not in z.files and key[8] > 0:  # written before the shrinkage was a setting
+            key = (*key[:12], 10.0)
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         t = z["t"].astype(np.float64) if "t" in z.files else None
     dim = config.embedding_dim + 1

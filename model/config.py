@@ -103,6 +103,7 @@ EXACT_SETTINGS = (
     "co_rating_power",
     "co_rating_prior",
     "co_rating_user",
+    "co_rating_shrink",
 )
 """The InferenceConfig fields that only the `exact` mode reads."""
 
@@ -143,6 +144,8 @@ class InferenceConfig:
     shrunk adjusted cosine of the items' training rating columns (item-based kNN; see model/exact.py)."""
     co_rating_power: float = 2.0
     """`exact` only: exponent q of the co-rating weights, w = max(0, rho)^q (larger = sharper)."""
+    co_rating_shrink: float = 10.0
+    """`exact` only: shrinkage s of the co-rating similarities, rho x n / (n + s) for n co-raters (> 0)."""
     co_rating_user: float = 0.0
     """`exact` only: weight lambda_c of the kernel's user-based co-rating term, lambda_c [j = j'] w_u(i, i'),
     with w_u the same shrunk adjusted cosine between the users' training rating rows (each item's mean
@@ -163,10 +166,15 @@ class InferenceConfig:
             raise ConfigError(f"gamma must be >= 0, got {self.gamma}")
         if self.same_user < 0 or self.same_item < 0:
             raise ConfigError(f"same_user and same_item must be >= 0, got {self.same_user}, {self.same_item}")
-        if min(self.co_rating, self.co_rating_user, self.co_rating_prior) < 0 or not self.co_rating_power > 0:
+        if min(self.co_rating, self.co_rating_user, self.co_rating_prior) < 0:
             raise ConfigError(
-                "co_rating, co_rating_user and co_rating_prior must be >= 0 and co_rating_power > 0, got "
-                f"{self.co_rating}, {self.co_rating_user}, {self.co_rating_prior} and {self.co_rating_power}"
+                "co_rating, co_rating_user and co_rating_prior must be >= 0, got "
+                f"{self.co_rating}, {self.co_rating_user} and {self.co_rating_prior}"
+            )
+        if not (self.co_rating_power > 0 and self.co_rating_shrink > 0):
+            raise ConfigError(
+                "co_rating_power and co_rating_shrink must be > 0, got "
+                f"{self.co_rating_power} and {self.co_rating_shrink}"
             )
         if self.tau is not None and not self.tau > 0:
             raise ConfigError(f"tau must be > 0, got {self.tau}")

@@ -58,7 +58,7 @@ def mean_field(
     return q
 
 
-FieldKey = tuple[str, str, float, int, float, float, float, float, float, float, float, float]
+FieldKey = tuple[str, str, float, int, float, float, float, float, float, float, float, float, float]
 
 
 @dataclass
@@ -82,7 +82,7 @@ class ScoringModel:
         self._partitions: dict[tuple[int, int, int, int], Partitions] = {}
         self._fields: dict[FieldKey, exact.KnownField] = {}
         self._line_index: tuple[exact.LineIndex, exact.LineIndex] | None = None
-        self._affinity: dict[tuple[str, float], np.ndarray] = {}  # by ("items" | "users", power)
+        self._affinity: dict[tuple[str, float, float], np.ndarray] = {}  # by (what, q, shrink)
         self._lock = threading.Lock()
         self.user_lifted = exact.lift(self.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
         self.item_lifted = exact.lift(self.item_unit)
@@ -116,7 +116,7 @@ class ScoringModel:
     def field_key(self, inference: InferenceConfig) -> FieldKey:
         """What a known field depends on beyond the model:
         (scaling, known, gamma, T, scale, tau, same_user, same_item, co_rating, co_rating_power,
-        co_rating_prior, co_rating_user)."""
+        co_rating_prior, co_rating_user, co_rating_shrink)."""
         scale = inference.subset_rows * inference.subset_cols / (len(self.user_emb) * len(self.item_emb))
         gamma, tau = self.gamma(inference), self.tau(inference)
         co_rated = inference.co_rating > 0 or inference.co_rating_user > 0
@@ -133,6 +133,7 @@ class ScoringModel:
             inference.co_rating_power if co_rated else 0.0,
             inference.co_rating_prior if co_rated else 0.0,
             inference.co_rating_user,
+            inference.co_rating_shrink if co_rated else 0.0,
         )
 
     def lines(self, inference: InferenceConfig) -> exact.Lines | None:
@@ -148,9 +149,9 @@ class ScoringModel:
                     exact.LineIndex(self.known_rows, len(self.user_emb)),
                     exact.LineIndex(self.known_cols, len(self.item_emb)),
                 )
-            power = inference.co_rating_power
-            items = self._co_rating_table("items", power) if inference.co_rating > 0 else None
-            users = self._co_rating_table("users", power) if inference.co_rating_user > 0 else None
+            table = (inference.co_rating_power, inference.co_rating_shrink)
+            items = self._co_rating_table("items", *table) if inference.co_rating > 0 else None
+            users = self._co_rating_table("users", *table) if inference.co_rating_user > 0 else None
         by_row, by_col = self._line_index
         return exact.Lines(
             inference.same_user,
@@ -166,19 +167,19 @@ class ScoringModel:
             users,
         )
 
-    def _co_rating_table(self, what: str, power: float) -> np.ndarray:
-        """The item (m x m) or user (n x n) co-rating table of an exponent, built once (caller holds the
-        lock)."""
-        key = (what, power)
+    def _co_rating_table(self, what: str, power: float, shrink: float) -> np.ndarray:
+        """The item (m x m) or user (n x n) co-rating table of an exponent and shrinkage, built once (the
+        caller holds the lock)."""
+        key = (what, power, shrink)
         if key not in self._affinity:
             if self.known_values is None:
                 raise ValueError("the co-rating terms need the known ratings' values")
             n, m = len(self.user_emb), len(self.item_emb)
             r, c, v = self.known_rows, self.known_cols, self.known_values
             self._affinity[key] = (
-                exact.co_rating_affinity(r, c, v, n, m, power)
+                exact.co_rating_affinity(r, c, v, n, m, power, shrink)
                 if what == "items"
-                else exact.co_rating_affinity(c, r, v, m, n, power, what="users")
+                else exact.co_rating_affinity(c, r, v, m, n, power, shrink, what="users")
             )
         return self._affinity[key]
 

@@ -25,8 +25,8 @@ brings in what it does not use, the co-rating of items (item-based kNN inside th
     + lambda_r [i = i'] w(j, j'),   w(j, j') = max(0, rho(j, j'))^q,
 
 rho the adjusted cosine of the two items' training rating columns (each user's mean removed), shrunk by
-n_jj' / (n_jj' + CO_RATING_SHRINK) with n_jj' the users who rated both (`co_rating_affinity`). It is again
-a sum over the query's row, with the m x m table of w computed once per model. Its mirror, user-based
+n_jj' / (n_jj' + s) with n_jj' the users who rated both (`co_rating_affinity`; s = 10 by default). It
+is again a sum over the query's row, with the m x m table of w computed once per model. Its mirror, user-based
 kNN on the query's column,
 
     + lambda_c [j = j'] w_u(i, i'),   w_u(i, i') = max(0, rho_u(i, i'))^q,
@@ -56,9 +56,6 @@ from model.config import ConfigError
 Scaling = Literal["sum", "scaled", "normalized"]
 KnownMode = Literal["predicted", "clamped"]
 
-
-CO_RATING_SHRINK = 10.0
-"""Shrinkage of the co-rating similarity: rho is scaled by n / (n + CO_RATING_SHRINK), n co-raters."""
 
 CO_RATING_MAX_ITEMS = 20_000
 """A co-rating term keeps an m x m item (or n x n user) table, 3.2 GB of float64 at this size; larger
@@ -220,12 +217,13 @@ def co_rating_affinity(
     n: int,
     m: int,
     power: float,
+    shrink: float = 10.0,
     what: str = "items",
 ) -> np.ndarray:
     """w(j, j') = max(0, rho(j, j'))^power for every item pair: (m, m) float64.
 
     rho is the cosine of the items' rating columns after removing each user's mean rating (the adjusted
-    cosine of item-based kNN), times n_jj' / (n_jj' + CO_RATING_SHRINK) for n_jj' users who rated both.
+    cosine of item-based kNN), times n_jj' / (n_jj' + shrink) for n_jj' users who rated both (shrink > 0).
     With rows and columns swapped (cols, rows, values, m, n) the same gives the user table of the
     user-based term: users' rating rows with each item's mean removed."""
     check_co_rating_size(m, what)
@@ -240,7 +238,7 @@ def co_rating_affinity(
     del rated
     rho = (centred.T @ centred) / np.maximum(np.outer(norms, norms), 1e-12)
     del centred
-    rho *= co / (co + CO_RATING_SHRINK)
+    rho *= co / (co + shrink)
     return np.maximum(rho, 0.0, out=rho) ** power
 
 

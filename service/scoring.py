@@ -61,6 +61,7 @@ INFERENCE_OVERRIDES = (
     "co_rating_power",
     "co_rating_prior",
     "co_rating_user",
+    "co_rating_shrink",
 )
 """Settings that override the artifact's InferenceConfig field of the same name (`gamma` is the model's)."""
 

@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     """`exact` only: override of the weight of the kernel's co-rating term (item-based kNN)."""
     co_rating_power: float | None = Field(default=None, gt=0)
     """`exact` only: override of the exponent q of the co-rating weights."""
+    co_rating_shrink: float | None = Field(default=None, gt=0)
+    """`exact` only: override of the shrinkage s of the co-rating similarities."""
     co_rating_user: float | None = Field(default=None, ge=0)
     """`exact` only: override of the weight of the kernel's user-based co-rating term (user-based kNN)."""
     co_rating_prior: float | None = Field(default=None, ge=0)

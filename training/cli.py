@@ -205,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--co-rating-power", type=float, help="exact: exponent q of the co-rating weights")
     e.add_argument(
+        "--co-rating-shrink",
+        type=float,
+        help="exact: shrinkage s of the co-rating similarities, rho x n / (n + s) for n co-raters",
+    )
+    e.add_argument(
         "--co-rating-user",
         type=float,
         help="exact: weight of the kernel's user-based co-rating term, user-based kNN on the query's column",

@@ -222,7 +222,7 @@ def test_same_user_and_same_item_terms_equal_the_dense_kernel(scaling: str) -> N
     )
 
 
-def _adjusted_cosine(rows, cols, values, n, m, power):  # type: ignore[no-untyped-def]
+def _adjusted_cosine(rows, cols, values, n, m, power, shrink=10.0):  # type: ignore[no-untyped-def]
     """w(j, j') = max(0, rho)^power item pair by item pair, straight from the definition."""
     ratings = {(i, j): v for i, j, v in zip(rows, cols, values, strict=True)}
     mean = {i: np.mean([v for (u, _), v in ratings.items() if u == i]) for i in set(rows)}
@@ -236,7 +236,7 @@ def _adjusted_cosine(rows, cols, values, n, m, power):  # type: ignore[no-untype
             norm_k = np.sqrt(sum((ratings[i, k] - mean[i]) ** 2 for i in users_k))
             if norm_j > 0 and norm_k > 0:
                 both = len(users_j & users_k)
-                rho = num / (norm_j * norm_k) * both / (both + exact.CO_RATING_SHRINK)
+                rho = num / (norm_j * norm_k) * both / (both + shrink)
                 w[j, k] = max(0.0, rho) ** power
     return w
 
@@ -247,9 +247,10 @@ def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.Mo
     rows, cols = np.nonzero(rng.random((n, m)) < 0.6)
     values = rng.integers(1, 6, len(rows)).astype(float)
     rows, cols, values = rows[cols != 5], cols[cols != 5], values[cols != 5]  # item 5: nobody rated it
-    for power in (1.0, 3.0):
-        got = exact.co_rating_affinity(rows, cols, values, n, m, power)
-        np.testing.assert_allclose(got, _adjusted_cosine(rows, cols, values, n, m, power), atol=1e-12)
+    for power, shrink in ((1.0, 10.0), (3.0, 10.0), (3.0, 0.5)):
+        got = exact.co_rating_affinity(rows, cols, values, n, m, power, shrink)
+        want = _adjusted_cosine(rows, cols, values, n, m, power, shrink)
+        np.testing.assert_allclose(got, want, atol=1e-12)
     assert (got >= 0).all() and not got[5].any() and got[np.triu_indices(5, 1)].any()
     monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
     with pytest.raises(ConfigError, match="6 items exceed 5"):
@@ -292,12 +293,14 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
         co_rating=co_rating,
         co_rating_user=co_user,
         co_rating_prior=prior,
+        co_rating_shrink=3.0,
     )
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
     got = engine.predict_entries(model, q_rows, q_cols, inference)
     a, b, compat = model.user_lifted, model.item_lifted, model.compat
-    w = _adjusted_cosine(rows, cols, values, n, m, inference.co_rating_power)
-    w_users = _adjusted_cosine(cols, rows, values, m, n, inference.co_rating_power)  # the roles swapped
+    q, shrink = inference.co_rating_power, inference.co_rating_shrink
+    w = _adjusted_cosine(rows, cols, values, n, m, q, shrink)
+    w_users = _adjusted_cosine(cols, rows, values, m, n, q, shrink)  # the roles swapped
     z_prior = (co_rating + co_user) * prior
 
     def kernel(k_rows, k_cols):  # type: ignore[no-untyped-def]
@@ -319,6 +322,7 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
     offs = [{"same_user": 0.0}, {"co_rating": 0.0 if co_rating else 1.0}]
     offs += [{"co_rating_user": 0.0 if co_user else 1.0}] + ([{"co_rating_prior": 0.0}] if prior else [])
+    offs += [{"co_rating_shrink": 10.0}] if co_rating or co_user else []
     for off in offs:
         assert not np.allclose(got, engine.predict_entries(model, q_rows, q_cols, replace(inference, **off)))
 

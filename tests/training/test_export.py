@@ -93,13 +93,15 @@ def test_artifact_stores_the_known_field_of_its_exact_settings(tiny_artifact: Pa
 def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: Path) -> None:
     art = load_artifact(tiny_artifact)
     lines_cfg = replace(art.inference, mode="exact", known="predicted", same_user=2.0, same_item=0.5)
-    lines_cfg = replace(lines_cfg, co_rating=3.0, co_rating_user=2.0, co_rating_prior=0.2)
+    lines_cfg = replace(
+        lines_cfg, co_rating=3.0, co_rating_user=2.0, co_rating_prior=0.2, co_rating_shrink=4.0
+    )
     model = art.scoring_model()
     key, field = model.field_key(lines_cfg), model.known_field(lines_cfg)
     assert field.t is not None and field.t.shape == (len(art.known()[0]), art.config.n_levels)
     save_known_field(tmp_path / KNOWN_FIELD, key, field)
     loaded_key, loaded = _load_known_field(tmp_path / KNOWN_FIELD, art.config)
-    assert loaded_key == key and key[-2:] == (0.2, 2.0)  # pseudo-count and user term in the key
+    assert loaded_key == key and key[-3:] == (0.2, 2.0, 4.0)  # pseudo-count, user term, shrinkage
     np.testing.assert_array_equal(loaded.t, field.t)
     untruncated = replace(lines_cfg, tau=1e9)  # a loaded field reads 3 anchor levels, like a fresh one
     save_known_field(
