@@ -219,11 +219,13 @@ def test_default_inference_per_dataset() -> None:
         assert inference.same_user > 0 and inference.same_item > 0
     yahoo = preset("yahoo_music").inference
     assert yahoo.tau is not None and yahoo.tau > 99.0**2
-    # ML-100K and Douban: the same, with the co-rating term instead of the line terms.
+    # ML-100K and Douban: the same, with the item- and user-based co-rating terms (and their pseudo-count)
+    # instead of the line terms.
     for dataset in ("ml-100k", "douban"):
         inference = preset(dataset).inference
         assert (inference.mode, inference.known, inference.scaling) == ("exact", "clamped", "normalized")
-        assert inference.co_rating > 0 and inference.same_user == 0 and inference.same_item == 0
+        assert inference.co_rating > 0 and inference.co_rating_user > 0 and inference.co_rating_prior > 0
+        assert inference.same_user == 0 and inference.same_item == 0
     for dataset in ("epinions", "csv"):
         assert preset(dataset).inference.mode == "none"
     assert preset("flixster").train.ema_decay == 0.99 and preset("flixster", "paper").train.ema_decay == 0
