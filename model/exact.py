@@ -156,10 +156,14 @@ class LineIndex:
 
 
 def _segment_sums(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Sums of consecutive segments of x (axis 0) of the given lengths, zeros allowed: (len(counts), ...)."""
-    cum = np.concatenate([np.zeros((1, *x.shape[1:])), np.cumsum(x, axis=0)])
-    ends = np.cumsum(counts)
-    return cum[ends] - cum[ends - counts]
+    """Sums of consecutive segments of x (axis 0) of the given lengths, zeros allowed: (len(counts), ...).
+    Each sum adds its own segment only (np.add.reduceat), so a small sum after large ones stays exact to
+    rounding, unlike differences of a running total."""
+    out = np.zeros((len(counts), *x.shape[1:]))
+    filled = counts > 0
+    if filled.any():
+        out[filled] = np.add.reduceat(x, (np.cumsum(counts) - counts)[filled], axis=0)
+    return out
 
 
 def line_messages(
@@ -180,7 +184,8 @@ def line_messages(
     user's many queries sharing one row)."""
     lines, inverse = np.unique(query_line, return_inverse=True)
     members, counts = index.members(lines)
-    vec, w = table[other[members]], weights[members]
+    # np.take: a row gather several times faster than fancy indexing, on the request path
+    vec, w = np.take(table, other[members], axis=0), np.take(weights, members, axis=0)
     if with_total:
         w = np.hstack([w, np.ones((len(w), 1))])
     k, (m, p), d = len(query_line), w.shape, table.shape[1]
@@ -263,7 +268,7 @@ def affinity_messages(
         for i, user in enumerate(users):
             mine = np.flatnonzero(inverse == i)
             members = index.order[index.indptr[user] : index.indptr[user + 1]]
-            vals = weights[members]
+            vals = np.take(weights, members, axis=0)
             if with_total:
                 vals = np.hstack([vals, np.ones((len(vals), 1))])
             out[mine] = affinity[np.ix_(cols[mine], known_other[members])] @ vals
@@ -277,7 +282,7 @@ def affinity_messages(
         owner, pos = ranges(index.indptr[rows[lo:hi]], count)
         members = index.order[pos]
         w = affinity[cols[lo:hi][owner], known_other[members]]
-        vals = weights[members]
+        vals = np.take(weights, members, axis=0)
         if with_total:
             vals = np.hstack([vals, np.ones((len(vals), 1))])
         out[lo:hi] = _segment_sums(w[:, None] * vals, count)

@@ -363,3 +363,10 @@ def test_per_level_reads_agree_user_by_user_and_batched(n_users: int) -> None:
     a, b = exact.lift(engine.normalize_rows(user_emb)), exact.lift(engine.normalize_rows(item_emb))
     want = np.einsum("ki,uij,kj->ku", a[rows], g, b[cols])
     np.testing.assert_allclose(exact.read_messages(g, a, b, rows, cols), want, rtol=1e-12, atol=1e-12)
+
+
+def test_segment_sums_allow_empty_segments_and_keep_small_sums_exact() -> None:
+    # A running total would lose the 1 + 3 behind 1e17 (float spacing 16 there).
+    x = np.array([[1e17, 1.0], [1.0, 0.0], [3.0, 0.5], [2.0, 0.25]])
+    got = exact._segment_sums(x, np.array([1, 0, 2, 1, 0]))
+    np.testing.assert_array_equal(got, [[1e17, 1.0], [0.0, 0.0], [4.0, 0.5], [2.0, 0.25], [0.0, 0.0]])
