@@ -133,7 +133,7 @@ _DEFAULT_EMA = 0.99
 # decide wherever the query has positively co-rated neighbours, with a pseudo-count c that keeps a query
 # with few or weakly similar neighbours closer to the network. ML-100K, mean of seeds 0-2: 0.8758 against
 # 0.8779 for the item-based term alone (gamma 0.1, q 3, shrinkage 10, no pseudo-count) and 0.8824 for the
-# network; Douban, seeds 0 and 1: 0.7178 against 0.7219 and 0.7253.
+# network; Douban, seeds 0 and 1: 0.7178 against 0.7219 and 0.7254.
 def _clamped(**kernel: float) -> InferenceConfig:
     """`exact` over every known rating clamped to its label, with normalized messages."""
     return InferenceConfig(mode="exact", scaling="normalized", known="clamped", **kernel)
