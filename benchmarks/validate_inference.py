@@ -39,27 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--taus", nargs="+", type=float, help="exact: compatibility truncations (default: the model's)"
     )
-    parser.add_argument(
-        "--same-user", nargs="+", type=float, default=[0.0], help="exact: same-user term weights"
-    )
-    parser.add_argument(
-        "--same-item", nargs="+", type=float, default=[0.0], help="exact: same-item term weights"
-    )
-    parser.add_argument(
-        "--co-rating", nargs="+", type=float, default=[0.0], help="exact: co-rating term weights"
-    )
-    parser.add_argument(
-        "--co-rating-powers", nargs="+", type=float, default=[2.0], help="exact: co-rating exponents q"
-    )
-    parser.add_argument(
-        "--co-rating-user", nargs="+", type=float, default=[0.0], help="exact: user-based co-rating weights"
-    )
-    parser.add_argument(
-        "--co-rating-shrinks", nargs="+", type=float, default=[10.0], help="exact: co-rating shrinkages s"
-    )
-    parser.add_argument(
-        "--co-rating-priors", nargs="+", type=float, default=[0.0], help="exact: co-rating pseudo-counts c"
-    )
+    for flag, default, what in (
+        ("--same-user", 0.0, "same-user term weights"),
+        ("--same-item", 0.0, "same-item term weights"),
+        ("--co-rating", 0.0, "co-rating term weights"),
+        ("--co-rating-powers", 2.0, "co-rating exponents q"),
+        ("--co-rating-user", 0.0, "user-based co-rating weights"),
+        ("--co-rating-shrinks", 10.0, "co-rating shrinkages s"),
+        ("--co-rating-priors", 0.0, "co-rating pseudo-counts c"),
+    ):
+        parser.add_argument(flag, nargs="+", type=float, default=[default], help=f"exact: {what}")
     parser.add_argument("--skip-paper", action="store_true")
     args = parser.parse_args(argv)
 

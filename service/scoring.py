@@ -17,7 +17,7 @@ import numpy as np
 
 from model import exact
 from model.artifact import Artifact
-from model.config import ConfigError, InferenceConfig
+from model.config import EXACT_SETTINGS, ConfigError, InferenceConfig
 from model.engine import OnnxNetwork, expected_rating, label_probabilities, predict_entries
 from service.cache import EmbeddingStore, Kind, LocalTier, RedisTier
 from service.metrics import Metrics
@@ -52,16 +52,7 @@ INFERENCE_OVERRIDES = (
     "subset_rows",
     "subset_cols",
     "seed",
-    "scaling",
-    "known",
-    "tau",
-    "same_user",
-    "same_item",
-    "co_rating",
-    "co_rating_power",
-    "co_rating_prior",
-    "co_rating_user",
-    "co_rating_shrink",
+    *(name for name in EXACT_SETTINGS if name != "gamma"),
 )
 """Settings that override the artifact's InferenceConfig field of the same name (`gamma` is the model's)."""
 
