@@ -120,6 +120,13 @@ _DEFAULT_EPOCHS = {
 # validation.md). Slower averages (0.998) lag behind on the short Flixster and Douban schedules.
 _DEFAULT_EMA = 0.99
 
+# The default preset holds out 1% of the training entries, not 5%: enough for the progress bar's validation
+# RMSE, while the network trains on nearly all the ratings. Going from 90% to 95% of ML-100K's training
+# entries improved the network's validation RMSE by 0.0024 (seed 0) and 0.0009 (seed 1) on the same held-out
+# ratings (benchmarks/results/validation.md). The schedules and inference settings above were chosen with
+# 5% held out (`--set val_fraction=0.05`), which is what every validation experiment keeps using.
+_DEFAULT_VAL_FRACTION = 0.01
+
 
 # Default test-time inference, chosen on validation entries (benchmarks/results/validation.md). Everywhere
 # the CRF runs over every known rating clamped to its label, with normalized messages (model/exact.py).
@@ -184,6 +191,7 @@ def preset(dataset: str, name: str = "default") -> Preset:
             sigma2=ds["sigma2"],
             train_mf=False,
             ema_decay=_DEFAULT_EMA,
+            val_fraction=_DEFAULT_VAL_FRACTION,
         )
         inference = _DEFAULT_INFERENCE.get(dataset, InferenceConfig(mode="none"))
     else:  # tiny: seconds on 2 cores, for tests and CI
