@@ -20,7 +20,7 @@ import numpy as np
 
 from model.artifact import load_artifact
 from model.engine import expected_rating, predict_entries
-from training.data import load_dataset
+from training.data import carve_validation, load_dataset
 from training.evaluate import held_out, map_entries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,12 +50,26 @@ def main(argv: list[str] | None = None) -> int:
     ):
         parser.add_argument(flag, nargs="+", type=float, default=[default], help=f"exact: {what}")
     parser.add_argument("--skip-paper", action="store_true")
+    parser.add_argument(
+        "--score-fraction",
+        type=float,
+        help="score only the entries a carve of this fraction (at most the artifact's, same seed) holds out: "
+        "artifacts trained with different held-out fractions are then scored on the same ratings",
+    )
     args = parser.parse_args(argv)
 
     art = load_artifact(args.artifacts)
     ds = art.meta["dataset"]
     data = load_dataset(ds["name"], args.data_dir, split=ds.get("split", "u1"), seed=ds.get("seed", 0))
     val = held_out(art, data, "val")
+    if args.score_fraction is not None:
+        train_cfg = art.meta["train"]
+        if data.val is not None or not 0 < args.score_fraction <= train_cfg["val_fraction"]:
+            parser.error(
+                f"--score-fraction must lie in (0, {train_cfg['val_fraction']}], the artifact's held-out "
+                "fraction, on a dataset without its own validation split"
+            )
+        val = carve_validation(data.train, args.score_fraction, int(train_cfg["seed"]))[1]
     rows, cols = map_entries(art, data.user_ids, data.item_ids, val)
     # One model whose caches (known fields, partitions) serve every setting; the validation ratings it
     # scores are not known ratings.
@@ -91,7 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         rmse = float(np.sqrt(np.mean((pred - val.values) ** 2)))
         mae = float(np.mean(np.abs(pred - val.values)))
-        out = {"dataset": ds["name"], **changes, "val_rmse": round(rmse, 4), "val_mae": round(mae, 4)}
+        out = {
+            "dataset": ds["name"],
+            **changes,
+            "val_rmse": round(rmse, 4),
+            "val_mae": round(mae, 4),
+            "n": len(pred),
+        }
         print(json.dumps({**out, "seconds": round(seconds, 2)}), flush=True)
     return 0
 
