@@ -120,20 +120,24 @@ class DCMC(nn.Module):
         node_rows: torch.Tensor,
         node_cols: torch.Tensor,
         mf_layers: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        similarity: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Score the K entries (node_rows[k], node_cols[k]) of a batch.
 
         rows: (br, m) rating rows; cols: (bc, n) rating columns; node_rows / node_cols: (K,) indices into
         the batch. Returns (base log-probabilities (K, p), final log-probabilities after the mean-field
-        layers (K, p), entry similarities (K, K)).
+        layers (K, p), entry similarities (K, K)). `similarity=False` with no mean-field layers skips the
+        K x K similarities (None), which nothing then needs.
         """
         u = self.embed_rows(rows)  # (br, d)
         v = self.embed_cols(cols)  # (bc, d)
         log_p = torch.log_softmax(self.scores(u[node_rows], v[node_cols]), dim=-1)  # (K, p)
+        layers = self.config.mf_layers if mf_layers is None else mf_layers
+        if not similarity and layers == 0:
+            return log_p, log_p, None
         s_r = scaled_cosine(u, u)  # (br, br)
         s_c = scaled_cosine(v, v)  # (bc, bc)
         sim = s_r[node_rows][:, node_rows] * s_c[node_cols][:, node_cols]  # (K, K)
-        layers = self.config.mf_layers if mf_layers is None else mf_layers
         normalized = self.config.message_scaling == "normalized"
         log_q = mean_field(log_p, sim, self.compat, self.config.gamma, layers, normalized)
         return log_p, log_q, sim

@@ -116,14 +116,20 @@ def block_loss(
     range: mean(((sum_u L_u Q_u - M) / (L_p - L_1))^2)."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
-    _, log_q, sim = model(matrix.rows(block.rows), matrix.cols(block.cols), node_rows, node_cols, mf_layers)
+    # With beta = 0 and no mean-field layers the K x K similarities would only add zeros to the gradients
+    # (and most of a block's time): they are not computed.
+    rows, cols = matrix.rows(block.rows), matrix.cols(block.cols)
+    _, log_q, sim = model(rows, cols, node_rows, node_cols, mf_layers, similarity=beta > 0)
     labels = torch.from_numpy(nearest_level(block.values, levels))
     ce = F.nll_loss(log_q, labels)
     values = torch.from_numpy(block.values.astype(np.float32))
-    target = torch.exp(-((values[:, None] - values[None, :]) ** 2) / sigma2)  # (K, K)
-    sim_loss = F.mse_loss(sim, target)
-    loss = ce + beta * sim_loss
-    parts = {"ce": float(ce.detach()), "sim": float(sim_loss.detach())}
+    loss = ce
+    parts = {"ce": float(ce.detach())}
+    if beta > 0:
+        target = torch.exp(-((values[:, None] - values[None, :]) ** 2) / sigma2)  # (K, K)
+        sim_loss = F.mse_loss(sim, target)
+        loss = loss + beta * sim_loss
+        parts["sim"] = float(sim_loss.detach())
     if rating_mse > 0:
         span = float(levels[-1] - levels[0])
         expected = log_q.exp() @ torch.as_tensor(levels, dtype=log_q.dtype)
