@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from model.config import ModelConfig  # noqa: E402
 from model.network import DCMC  # noqa: E402
-from training.config import preset  # noqa: E402
+from training.config import TUNING_VAL_FRACTION, preset  # noqa: E402
 from training.data import carve_validation, load_dataset  # noqa: E402
 from training.pipeline import split_overrides  # noqa: E402
 from training.trainer import (  # noqa: E402
@@ -56,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = REPO.parent / "shared" / "datasets"
     data_dir = args.data_dir or str(shared / ("ml-100k" if args.dataset == "ml-100k" else "monti"))
     chosen = preset(args.dataset, "default")
-    # 5% held out, as every run in validation.md (the preset holds out 1%)
-    overrides = {"val_fraction": "0.05", **dict(kv.split("=", 1) for kv in args.set)}
+    overrides = {"val_fraction": str(TUNING_VAL_FRACTION), **dict(kv.split("=", 1) for kv in args.set)}
     model_over, train_over = split_overrides(overrides)
     cfg = replace(chosen.train, seed=args.seed, ema_decay=0.0, **train_over)
     data = load_dataset(args.dataset, data_dir, split="u1", seed=0)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from model.artifact import load_artifact
+from training.config import TUNING_VAL_FRACTION
 from training.data import carve_validation, load_dataset
 from training.evaluate import predict_ratings
 from training.pipeline import run_training
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     settings = dict(s.split("=", 1) for s in args.set)
     settings["lr_halve_every"] = str(args.halve_every)
-    settings.setdefault("val_fraction", "0.05")  # as every run in validation.md (the preset holds out 1%)
+    settings.setdefault("val_fraction", str(TUNING_VAL_FRACTION))  # the preset holds out 1%
     out = Path(args.out) / f"{args.dataset}-{args.epochs}-{args.halve_every}"
     t0 = time.perf_counter()
     metrics = run_training(

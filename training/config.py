@@ -126,6 +126,8 @@ _DEFAULT_EMA = 0.99
 # ratings (benchmarks/results/validation.md). The schedules and inference settings above were chosen with
 # 5% held out (`--set val_fraction=0.05`), which is what every validation experiment keeps using.
 _DEFAULT_VAL_FRACTION = 0.01
+TUNING_VAL_FRACTION = 0.05
+"""The held-out share of every validation experiment (benchmarks/validate.py, ema_probe.py)."""
 
 # The similarity loss's weight beta in the default preset, where it is not the paper's 1.5. On ML-100K, with
 # beta = 0 the network scored better on validation in both seeds tried, alone (0.8828 against 0.8854, 0.8733
