@@ -1,5 +1,5 @@
-"""benchmarks/validate_inference.py on a tiny artifact: --score-fraction scores a carve inside the
-held-out ratings."""
+"""benchmarks/validate_inference.py and similar_users.py on a tiny artifact: --score-fraction scores a
+carve inside the held-out ratings; the kNN probe scores the held-out ratings with the learned neighbours."""
 
 from __future__ import annotations
 
@@ -62,3 +62,36 @@ def test_score_fraction_beyond_the_held_out_share_is_refused(carved_artifact: tu
     assert run.returncode == 2
     assert "--score-fraction must lie in (0, 0.2]" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_similar_users_probe_scores_the_held_out_ratings(carved_artifact: tuple[Path, Path]) -> None:
+    pytest.importorskip("surprise", reason="needs the `experiments` extra")
+    artifact, data = carved_artifact
+    script = REPO / "benchmarks" / "similar_users.py"
+    cmd = [
+        sys.executable,
+        str(script),
+        "--artifacts",
+        str(artifact),
+        "--data-dir",
+        str(data),
+        "--ks",
+        "5",
+        "50",
+    ]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [(r["side"], r["similarity"]) for r in lines] == [
+        ("user", "learned"),
+        ("user", "pearson_baseline"),
+        ("item", "learned"),
+        ("item", "pearson_baseline"),
+    ]
+    n_train = len(load_dataset("csv", data, split="u1").train)
+    assert {r["n"] for r in lines} == {round(0.2 * n_train)}
+    for r in lines:
+        assert set(r["val_rmse"]) == {"5", "50"}
+        assert all(0.0 < v < 4.0 for v in r["val_rmse"].values())  # ratings on 1..5
+    # Learned and reference neighbours differ, so do their predictions.
+    assert lines[0]["val_rmse"] != lines[1]["val_rmse"]
