@@ -45,6 +45,9 @@ class TrainConfig:
     """Share of the training entries held out for validation when the dataset has no validation split."""
     weight_decay: float = 0.0
     """Adam L2 penalty."""
+    input_dropout: float = 0.0
+    """Dropout on the rating rows and columns the branches read, in training only (a denoising input,
+    not in the paper; 0 = off)."""
     ema_decay: float = 0.0
     """Decay of an exponential moving average of the weights and BatchNorm statistics, updated after every
     step; validation and the artifact use the average (not in the paper; 0 = off, the live weights)."""
@@ -62,6 +65,8 @@ class TrainConfig:
             raise ConfigError(f"epoch_mode must be 'blocks' or 'pass', got {self.epoch_mode!r}")
         if not 0.0 <= self.val_fraction < 0.5:
             raise ConfigError(f"val_fraction must lie in [0, 0.5), got {self.val_fraction}")
+        if not 0.0 <= self.input_dropout < 1.0:
+            raise ConfigError(f"input_dropout must lie in [0, 1), got {self.input_dropout}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
         if self.beta < 0 or self.sigma2 <= 0 or self.checkpoint_every < 1 or self.rating_mse < 0:

@@ -110,6 +110,7 @@ def block_loss(
     beta: float,
     sigma2: float,
     rating_mse: float = 0.0,
+    input_dropout: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Cross-entropy of the last layer plus beta times the similarity MSE on one block, plus (when
     `rating_mse` > 0) that weight times the squared error of the expected rating, in units of the rating
@@ -119,6 +120,8 @@ def block_loss(
     # With beta = 0 and no mean-field layers the K x K similarities would only add zeros to the gradients
     # (and most of a block's time): they are not computed.
     rows, cols = matrix.rows(block.rows), matrix.cols(block.cols)
+    if input_dropout > 0:
+        rows, cols = F.dropout(rows, input_dropout), F.dropout(cols, input_dropout)
     _, log_q, sim = model(rows, cols, node_rows, node_cols, mf_layers, similarity=beta > 0)
     labels = torch.from_numpy(nearest_level(block.values, levels))
     ce = F.nll_loss(log_q, labels)
@@ -251,7 +254,9 @@ def train(
         net.train()
         losses: list[float] = []
         for block in blocks:
-            loss, _ = block_loss(net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2, cfg.rating_mse)
+            loss, _ = block_loss(
+                net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2, cfg.rating_mse, cfg.input_dropout
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

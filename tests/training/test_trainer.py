@@ -210,6 +210,31 @@ def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() 
     assert net.bilinear.grad is not None and float(net.bilinear.grad.abs().sum()) > 0
 
 
+def test_input_dropout_zeroes_and_rescales_the_branch_inputs_in_training_only() -> None:
+    from model.network import DCMC
+    from training.trainer import block_loss
+
+    entries = _entries()
+    matrix = RatingMatrix(30, 20, entries)
+    levels = np.arange(1.0, 6.0)
+    cfg = ModelConfig(n_users=30, n_items=20, levels=tuple(levels), hidden=(16, 8), dropout=0.0, mf_layers=0)
+    torch.manual_seed(0)
+    net = DCMC(cfg).train()
+    block = epoch_blocks(matrix, "blocks", 30, 20, seed=0, epoch=0)[0]
+    seen: list[torch.Tensor] = []
+    net.row_branch.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    plain, _ = block_loss(net, matrix, block, levels, 0, 0.0, 3.5)
+    dropped, _ = block_loss(net, matrix, block, levels, 0, 0.0, 3.5, input_dropout=0.5)
+    full, noisy = seen[0], seen[1]
+    assert torch.equal(full, matrix.rows(block.rows))  # off: the rating rows as they are
+    kept = noisy != 0
+    assert 0 < int(kept.sum()) < int((full != 0).sum())  # some ratings dropped, some kept
+    assert torch.allclose(noisy[kept], 2.0 * full[kept])  # the kept ones scaled by 1 / (1 - 0.5)
+    assert float(plain.detach()) != float(dropped.detach())
+    with pytest.raises(ConfigError, match="input_dropout"):
+        replace(preset("ml-100k").train, input_dropout=1.0)
+
+
 def test_default_inference_per_dataset() -> None:
     # YahooMusic and Flixster: exact mean-field over every clamped known rating with the kernel's
     # same-user and same-item terms; YahooMusic's compatibility untruncated on 1..100.
