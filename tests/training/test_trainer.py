@@ -254,4 +254,8 @@ def test_default_inference_per_dataset() -> None:
     for dataset in ("epinions", "csv"):
         assert preset(dataset).inference.mode == "none"
     assert preset("flixster").train.ema_decay == 0.99 and preset("flixster", "paper").train.ema_decay == 0
+    assert (
+        preset("ml-100k").train.input_dropout == 0.1 and preset("ml-100k", "paper").train.input_dropout == 0
+    )
+    assert preset("flixster").train.input_dropout == 0
     assert preset("yahoo_music", "paper").inference.mode == "paper"
