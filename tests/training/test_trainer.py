@@ -18,7 +18,7 @@ from model.engine import nearest_level
 from training.config import preset
 from training.data import Entries, load_dataset
 from training.evaluate import evaluate
-from training.trainer import RatingMatrix, epoch_blocks, train
+from training.trainer import Block, RatingMatrix, epoch_blocks, train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -185,17 +185,25 @@ def test_torchrun_two_processes_complete(synthetic_csv: Path, tmp_path: Path) ->
     assert proc.stdout.count('"artifacts"') == 1  # only rank 0 reports and writes
 
 
-def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() -> None:
+def _small_net_and_block(mf_layers: int) -> tuple[torch.nn.Module, RatingMatrix, Block, np.ndarray]:
+    """A seeded 16-8 network on a 30 x 20 matrix on 1..5, and the single block that covers the matrix."""
     from model.network import DCMC
+
+    matrix = RatingMatrix(30, 20, _entries())
+    levels = np.arange(1.0, 6.0)
+    cfg = ModelConfig(
+        n_users=30, n_items=20, levels=tuple(levels), hidden=(16, 8), dropout=0.0, mf_layers=mf_layers
+    )
+    torch.manual_seed(0)
+    block = epoch_blocks(matrix, "blocks", 30, 20, seed=0, epoch=0)[0]
+    return DCMC(cfg), matrix, block, levels
+
+
+def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() -> None:
     from training.trainer import block_loss
 
-    entries = _entries()
-    matrix = RatingMatrix(30, 20, entries)
-    levels = np.arange(1.0, 6.0)
-    cfg = ModelConfig(n_users=30, n_items=20, levels=tuple(levels), hidden=(16, 8), dropout=0.0, mf_layers=1)
-    torch.manual_seed(0)
-    net = DCMC(cfg).eval()
-    block = epoch_blocks(matrix, "blocks", 30, 20, seed=0, epoch=0)[0]
+    net, matrix, block, levels = _small_net_and_block(mf_layers=1)
+    net.eval()
     plain, parts = block_loss(net, matrix, block, levels, 1, 1.5, 3.5)
     assert "rating_mse" not in parts
     with_mse, parts = block_loss(net, matrix, block, levels, 1, 1.5, 3.5, rating_mse=2.0)
@@ -211,16 +219,10 @@ def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() 
 
 
 def test_input_dropout_zeroes_and_rescales_the_branch_inputs_in_training_only() -> None:
-    from model.network import DCMC
     from training.trainer import block_loss
 
-    entries = _entries()
-    matrix = RatingMatrix(30, 20, entries)
-    levels = np.arange(1.0, 6.0)
-    cfg = ModelConfig(n_users=30, n_items=20, levels=tuple(levels), hidden=(16, 8), dropout=0.0, mf_layers=0)
-    torch.manual_seed(0)
-    net = DCMC(cfg).train()
-    block = epoch_blocks(matrix, "blocks", 30, 20, seed=0, epoch=0)[0]
+    net, matrix, block, levels = _small_net_and_block(mf_layers=0)
+    net.train()
     seen: list[torch.Tensor] = []
     net.row_branch.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
     plain, _ = block_loss(net, matrix, block, levels, 0, 0.0, 3.5)
