@@ -114,14 +114,15 @@ def block_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Cross-entropy of the last layer plus beta times the similarity MSE on one block, plus (when
     `rating_mse` > 0) that weight times the squared error of the expected rating, in units of the rating
-    range: mean(((sum_u L_u Q_u - M) / (L_p - L_1))^2)."""
+    range: mean(((sum_u L_u Q_u - M) / (L_p - L_1))^2). `input_dropout` > 0 applies dropout to the rating
+    rows and columns the branches read."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
-    # With beta = 0 and no mean-field layers the K x K similarities would only add zeros to the gradients
-    # (and most of a block's time): they are not computed.
     rows, cols = matrix.rows(block.rows), matrix.cols(block.cols)
     if input_dropout > 0:
         rows, cols = F.dropout(rows, input_dropout), F.dropout(cols, input_dropout)
+    # With beta = 0 and no mean-field layers the K x K similarities would only add zeros to the gradients
+    # (and most of a block's time): they are not computed.
     _, log_q, sim = model(rows, cols, node_rows, node_cols, mf_layers, similarity=beta > 0)
     labels = torch.from_numpy(nearest_level(block.values, levels))
     ce = F.nll_loss(log_q, labels)
