@@ -277,6 +277,18 @@ def learned_similarity(embeddings: np.ndarray) -> np.ndarray:
     return (1.0 + x @ x.T) / 2.0
 
 
+def learned_lookup(ids: Any, embeddings: np.ndarray) -> Callable[[list[str]], np.ndarray]:
+    """`learned(raw_ids)` for `knn_rmse`: the learned similarity between those users (or items), from the
+    artifact's id map `ids` and their embeddings."""
+    sims = learned_similarity(embeddings)
+
+    def learned(raw: list[str]) -> np.ndarray:
+        idx = ids.indices(raw)
+        return np.ascontiguousarray(sims[np.ix_(idx, idx)])
+
+    return learned
+
+
 def knn_rmse(
     train: Entries,
     test: Entries,
@@ -348,17 +360,8 @@ def similarity(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
             split = load_dataset(ds, plan.data_dir, split=plan.similarity_split, seed=plan.split_seed)
             train = split.train if split.val is None else Entries.concat([split.train, split.val])
             scale = (float(split.levels.min()), float(split.levels.max()))
-            sims_u = learned_similarity(art.user_embeddings)
-            sims_i = learned_similarity(art.item_embeddings)
-
-            def learned_users(raw: list[str], s: np.ndarray = sims_u, a: Any = art) -> np.ndarray:
-                idx = a.users.indices(raw)
-                return np.ascontiguousarray(s[np.ix_(idx, idx)])
-
-            def learned_items(raw: list[str], s: np.ndarray = sims_i, a: Any = art) -> np.ndarray:
-                idx = a.items.indices(raw)
-                return np.ascontiguousarray(s[np.ix_(idx, idx)])
-
+            learned_users = learned_lookup(art.users, art.user_embeddings)
+            learned_items = learned_lookup(art.items, art.item_embeddings)
             curves: dict[str, dict[str, dict[str, float]]] = {"user": {}, "item": {}}
             seconds: dict[str, dict[str, float]] = {"user": {}, "item": {}}
             for side in ("user", "item"):

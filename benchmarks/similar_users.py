@@ -17,12 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from experiments import knn_rmse, learned_similarity  # noqa: E402
+from experiments import knn_rmse, learned_lookup  # noqa: E402
 
 from model.artifact import load_artifact  # noqa: E402
 from training.data import carve_validation, load_dataset  # noqa: E402
@@ -49,15 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         train, val = carve_validation(data.train, float(train_cfg["val_fraction"]), int(train_cfg["seed"]))
         scale = (float(data.levels.min()), float(data.levels.max()))
         for side in args.sides:
-            ids, emb = (
-                (art.users, art.user_embeddings) if side == "user" else (art.items, art.item_embeddings)
-            )
-            sims = learned_similarity(emb)
-
-            def learned(raw: list[str], s: np.ndarray = sims, m: object = ids) -> np.ndarray:
-                idx = m.indices(raw)  # type: ignore[attr-defined]
-                return np.ascontiguousarray(s[np.ix_(idx, idx)])
-
+            if side == "user":
+                learned = learned_lookup(art.users, art.user_embeddings)
+            else:
+                learned = learned_lookup(art.items, art.item_embeddings)
             for sim in args.similarities:
                 curve = knn_rmse(
                     train,
