@@ -240,8 +240,7 @@ def test_input_dropout_zeroes_and_rescales_the_branch_inputs_in_training_only() 
 def test_default_inference_per_dataset() -> None:
     # YahooMusic and Flixster: exact mean-field over every clamped known rating with the kernel's
     # same-user and same-item terms and the item-based co-rating term; the compatibility untruncated on
-    # their scales (1..100, 0.5..5), while
-    # the model keeps the paper's tau for training.
+    # their scales (1..100, 0.5..5), while the model keeps the paper's tau for training.
     for dataset, widest in (("yahoo_music", 99.0), ("flixster", 4.5)):
         inference = preset(dataset).inference
         assert (inference.mode, inference.known, inference.scaling) == ("exact", "clamped", "normalized")
