@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         ("--co-rating-user", 0.0, "user-based co-rating weights"),
         ("--co-rating-shrinks", 10.0, "co-rating shrinkages s"),
         ("--co-rating-priors", 0.0, "co-rating pseudo-counts c"),
+        ("--baselines", 0.0, "weights w of the bias baseline"),
+        ("--baseline-user-shrinks", 2.0, "ridge penalties of the baseline's user biases"),
+        ("--baseline-item-shrinks", 5.0, "ridge penalties of the baseline's item biases"),
     ):
         parser.add_argument(flag, nargs="+", type=float, default=[default], help=f"exact: {what}")
     parser.add_argument("--skip-paper", action="store_true")
@@ -87,9 +90,28 @@ def main(argv: list[str] | None = None) -> int:
         args.co_rating_priors,
         args.co_rating_shrinks,
         args.gammas,
+        args.baselines,
+        args.baseline_user_shrinks,
+        args.baseline_item_shrinks,
     )
-    for scaling, known, tau, same_user, same_item, co_rating, co_user, power, prior, shrink, gamma in grid:
+    for (
+        scaling,
+        known,
+        tau,
+        same_user,
+        same_item,
+        co_rating,
+        co_user,
+        power,
+        prior,
+        shrink,
+        gamma,
+        baseline,
+        user_shrink,
+        item_shrink,
+    ) in grid:
         exact: dict[str, object] = {"mode": "exact", "scaling": scaling, "known": known, "gamma": gamma}
+        exact.update(baseline=baseline, baseline_user_shrink=user_shrink, baseline_item_shrink=item_shrink)
         if tau is not None:
             exact["tau"] = tau
         if same_user or same_item:

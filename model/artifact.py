@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from model.config import EXACT_SETTINGS, ConfigError, InferenceConfig, ModelConfig
+from model.config import KERNEL_SETTINGS, ConfigError, InferenceConfig, ModelConfig
 from model.engine import FieldKey, ScoringModel, compatibility_matrix
 from model.exact import KnownField, LevelInterpolation
 from model.ids import IdMap
@@ -184,9 +184,9 @@ class Artifact:
         return model
 
 
-FIELD_KEY_NAMES = ("scaling", "known", "gamma", "layers", "scale", *EXACT_SETTINGS[3:])
-"""The names a known field's key (`ScoringModel.field_key`) is stored under, in order: the `exact`
-settings, with T and the scale after gamma."""
+FIELD_KEY_NAMES = ("scaling", "known", "gamma", "layers", "scale", *KERNEL_SETTINGS[3:])
+"""The names a known field's key (`ScoringModel.field_key`) is stored under, in order: the settings of
+the `exact` CRF, with T and the scale after gamma."""
 
 
 def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:

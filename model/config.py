@@ -92,7 +92,7 @@ class ModelConfig:
         return cls(**d)
 
 
-EXACT_SETTINGS = (
+KERNEL_SETTINGS = (
     "scaling",
     "known",
     "gamma",
@@ -105,7 +105,10 @@ EXACT_SETTINGS = (
     "co_rating_user",
     "co_rating_shrink",
 )
-"""The InferenceConfig fields that only the `exact` mode reads."""
+"""The InferenceConfig fields the `exact` mode's CRF reads (a known field depends on these)."""
+
+EXACT_SETTINGS = (*KERNEL_SETTINGS, "baseline", "baseline_user_shrink", "baseline_item_shrink")
+"""The InferenceConfig fields that only the `exact` mode reads: the CRF's, then the bias baseline's."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,15 @@ class InferenceConfig:
     """`exact` with `normalized` messages only: pseudo-count c of the co-rating terms, which adds
     (lambda_r + lambda_c) c to the normaliser. A query whose co-rated neighbours weigh little then receives
     a weaker pull and keeps more of the base network's distribution (0 = none)."""
+    baseline: float = 0.0
+    """`exact` only: weight w of a bias baseline mixed into the CRF's final distributions, (1 - w) Q + w B.
+    B puts the baseline's prediction mu + b_i + c_j on the two levels around it, so the expected rating
+    becomes (1 - w) E_Q + w (mu + b_i + c_j) (not in the paper; 0 = the CRF alone, 1 = the baseline alone;
+    see model/exact.py)."""
+    baseline_user_shrink: float = 2.0
+    """`exact` only: ridge penalty of the baseline's user biases b_i (a pseudo-count of ratings, > 0)."""
+    baseline_item_shrink: float = 5.0
+    """`exact` only: ridge penalty of the baseline's item biases c_j (a pseudo-count of ratings, > 0)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "none", "exact"):
@@ -175,6 +187,13 @@ class InferenceConfig:
             raise ConfigError(
                 "co_rating_power and co_rating_shrink must be > 0, got "
                 f"{self.co_rating_power} and {self.co_rating_shrink}"
+            )
+        if not 0.0 <= self.baseline <= 1.0:
+            raise ConfigError(f"baseline must lie in [0, 1], got {self.baseline}")
+        if not (self.baseline_user_shrink > 0 and self.baseline_item_shrink > 0):
+            raise ConfigError(
+                "baseline_user_shrink and baseline_item_shrink must be > 0, got "
+                f"{self.baseline_user_shrink} and {self.baseline_item_shrink}"
             )
         if self.tau is not None and not self.tau > 0:
             raise ConfigError(f"tau must be > 0, got {self.tau}")

@@ -83,6 +83,7 @@ class ScoringModel:
         self._fields: dict[FieldKey, exact.KnownField] = {}
         self._line_index: tuple[exact.LineIndex, exact.LineIndex] | None = None
         self._affinity: dict[tuple[str, float, float], np.ndarray] = {}  # by (what, q, shrink)
+        self._biases: dict[tuple[float, float], tuple[float, np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
         self.user_lifted = exact.lift(self.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
         self.item_lifted = exact.lift(self.item_unit)
@@ -182,6 +183,24 @@ class ScoringModel:
                 else exact.co_rating_affinity(c, r, v, m, n, power, shrink, what="users")
             )
         return self._affinity[key]
+
+    def biases(self, inference: InferenceConfig) -> tuple[float, np.ndarray, np.ndarray]:
+        """The bias baseline (mu, user biases, item biases) of the known ratings under the setting's
+        penalties, fitted once per pair of penalties."""
+        key = (inference.baseline_user_shrink, inference.baseline_item_shrink)
+        with self._lock:
+            if key not in self._biases:
+                if self.known_values is None:
+                    raise ValueError("the bias baseline needs the known ratings' values")
+                self._biases[key] = exact.bias_baseline(
+                    self.known_rows,
+                    self.known_cols,
+                    self.known_values,
+                    len(self.user_emb),
+                    len(self.item_emb),
+                    *key,
+                )
+            return self._biases[key]
 
     def add_field(self, key: FieldKey, field: exact.KnownField) -> None:
         """Install a precomputed known field (e.g. from the artifact) under its key."""
@@ -325,7 +344,8 @@ def predict_entries(
     known entries and its queried entries runs the mean-field layers; the distributions from
     `inference.repeats` random partitions are averaged. `exact`: the mean-field layers run over every
     known entry with exact factorised messages (see model/exact.py) and each query receives the messages
-    of all known entries. `query_probs` (K, p) replaces the base-network
+    of all known entries; with `inference.baseline` = w > 0 its distribution is then mixed with the bias
+    baseline's, (1 - w) Q + w B. `query_probs` (K, p) replaces the base-network
     probabilities of the queries (the service computes them from its cached embeddings).
     """
     rows = np.asarray(rows, dtype=np.int64)
@@ -336,7 +356,7 @@ def predict_entries(
         return query_probs
     if inference.mode == "exact":
         field = model.known_field(inference)
-        return exact.query_distributions(
+        dist = exact.query_distributions(
             field,
             model.user_lifted,
             model.item_lifted,
@@ -346,6 +366,11 @@ def predict_entries(
             model.gamma(inference),
             model.lines(inference),
         )
+        if inference.baseline == 0:
+            return dist
+        mu, user_bias, item_bias = model.biases(inference)
+        baseline = mu + user_bias[rows] + item_bias[cols]
+        return exact.baseline_mixture(dist, baseline, model.levels, inference.baseline)
     parts = model.partitions(inference)
     # Every block that holds a query, over all repeats: (repeat, first known, known count, queries).
     rep_l, block_l, lo_l, hi_l, qorder_l, qcount_l = [], [], [], [], [], []

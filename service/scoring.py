@@ -131,6 +131,8 @@ class Scorer:
             stored = self.model.has_field(self.inference)
             self.model.known_field(self.inference)
             log.info("known field of the exact mode %s", "read from the artifact" if stored else "computed")
+            if self.inference.baseline > 0:
+                self.model.biases(self.inference)
         log.info(
             "model %s ready in %.2fs (inference %s)",
             self.version,

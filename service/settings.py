@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     """`exact` only: override of the weight of the kernel's user-based co-rating term (user-based kNN)."""
     co_rating_prior: float | None = Field(default=None, ge=0)
     """`exact` only: override of the pseudo-count c in the co-rating terms' normaliser."""
+    baseline: float | None = Field(default=None, ge=0, le=1)
+    """`exact` only: override of the weight w of the bias baseline mixed into the final distributions."""
+    baseline_user_shrink: float | None = Field(default=None, gt=0)
+    """`exact` only: override of the ridge penalty of the baseline's user biases."""
+    baseline_item_shrink: float | None = Field(default=None, gt=0)
+    """`exact` only: override of the ridge penalty of the baseline's item biases."""
     repeats: PositiveInt | None = None
     """Override of R, the number of random partitions averaged."""
     subset_rows: PositiveInt | None = None

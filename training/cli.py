@@ -219,6 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="exact, normalized: pseudo-count c added to the co-rating weights in the normaliser (0 = none)",
     )
+    e.add_argument(
+        "--baseline",
+        type=float,
+        help="exact: weight w in [0, 1] of the bias baseline mixed into the final distributions (0 = off)",
+    )
+    e.add_argument(
+        "--baseline-user-shrink", type=float, help="exact: ridge penalty of the baseline's user biases"
+    )
+    e.add_argument(
+        "--baseline-item-shrink", type=float, help="exact: ridge penalty of the baseline's item biases"
+    )
     e.add_argument("--seed", type=int, help="seed of the random subsets")
     e.add_argument("--repeats", type=int, help="number of random partitions averaged")
     e.add_argument("--subset-rows", type=int)

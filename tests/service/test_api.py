@@ -136,13 +136,14 @@ def test_two_hundred_concurrent_requests_all_succeed(service: Service) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scaling", "known", "same_user", "same_item", "co_rating", "co_user", "prior"),
+    ("scaling", "known", "same_user", "same_item", "co_rating", "co_user", "prior", "baseline"),
     [
-        ("normalized", "predicted", 0.0, 0.0, 0.0, 0.0, 0.0),
-        ("sum", "clamped", 0.0, 0.0, 0.0, 0.0, 0.0),
-        ("normalized", "clamped", 3.0, 1.0, 0.0, 0.0, 0.0),
-        ("normalized", "clamped", 0.0, 0.0, 50.0, 0.0, 0.0),
-        ("normalized", "clamped", 0.0, 0.0, 50.0, 30.0, 0.5),
+        ("normalized", "predicted", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        ("sum", "clamped", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        ("normalized", "clamped", 3.0, 1.0, 0.0, 0.0, 0.0, 0.0),
+        ("normalized", "clamped", 0.0, 0.0, 50.0, 0.0, 0.0, 0.0),
+        ("normalized", "clamped", 0.0, 0.0, 50.0, 30.0, 0.5, 0.0),
+        ("normalized", "clamped", 3.0, 1.0, 0.0, 0.0, 0.0, 0.4),
     ],
 )
 def test_exact_predictions_equal_the_offline_evaluator(
@@ -154,8 +155,10 @@ def test_exact_predictions_equal_the_offline_evaluator(
     co_rating: float,
     co_user: float,
     prior: float,
+    baseline: float,
 ) -> None:
     env = {"DCMC_INFERENCE_MODE": "exact", "DCMC_SCALING": scaling, "DCMC_KNOWN": known}
+    env |= {"DCMC_BASELINE": str(baseline), "DCMC_BASELINE_USER_SHRINK": "1.5"}
     env |= {"DCMC_SAME_USER": str(same_user), "DCMC_SAME_ITEM": str(same_item)}
     env |= {"DCMC_CO_RATING": str(co_rating), "DCMC_CO_RATING_POWER": "3", "DCMC_CO_RATING_PRIOR": str(prior)}
     env |= {"DCMC_CO_RATING_USER": str(co_user)}
@@ -176,6 +179,8 @@ def test_exact_predictions_equal_the_offline_evaluator(
             co_rating_power=3.0,
             co_rating_prior=prior,
             co_rating_user=co_user,
+            baseline=baseline,
+            baseline_user_shrink=1.5,
         )
         rows, cols = artifact.users.indices(["u5"] * len(ITEMS)), artifact.items.indices(ITEMS)
         expected = predict_ratings(artifact, rows, cols, inference)
@@ -186,8 +191,10 @@ def test_exact_predictions_equal_the_offline_evaluator(
         if same_user or same_item or co_rating:  # and the service does apply the kernel's line terms
             off = replace(inference, same_user=0.0, same_item=0.0, co_rating=0.0)
             assert not np.allclose(got, predict_ratings(artifact, rows, cols, off))
-        for off in [{"co_rating_prior": 0.0}, {"co_rating_user": 0.0}] if prior else []:
-            # and the co-rating pseudo-count and user-based term
+        offs = [{"co_rating_prior": 0.0}, {"co_rating_user": 0.0}] if prior else []
+        offs += [{"baseline": 0.0}, {"baseline_user_shrink": 2.0}] if baseline else []
+        for off in offs:
+            # and the co-rating pseudo-count and user-based term, and the bias baseline and its penalty
             assert not np.allclose(got, predict_ratings(artifact, rows, cols, replace(inference, **off)))
     finally:
         svc.stop()

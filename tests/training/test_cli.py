@@ -175,3 +175,22 @@ def test_evaluate_takes_the_co_rating_prior_and_refuses_a_negative_one(
     assert main([*argv, "--co-rating-prior", "-1"]) == 2
     err = capsys.readouterr().err
     assert "co_rating_prior" in err and "Traceback" not in err
+
+
+def test_evaluate_takes_the_bias_baseline_and_refuses_a_weight_above_one(
+    tiny_artifact: Path, synthetic_csv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.cli import main
+
+    argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
+    argv += ["--inference", "exact", "--baseline-item-shrink", "3"]
+    results = []
+    for weight in ("0", "0.5", "1"):
+        assert main([*argv, "--baseline", weight]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert [r["baseline"] for r in results] == [0.0, 0.5, 1.0]
+    assert {r["baseline_item_shrink"] for r in results} == {3.0}
+    assert len({r["rmse"] for r in results}) == 3
+    assert main([*argv, "--baseline", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "baseline must lie in [0, 1]" in err and "Traceback" not in err
