@@ -240,19 +240,22 @@ def test_input_dropout_zeroes_and_rescales_the_branch_inputs_in_training_only() 
 def test_default_inference_per_dataset() -> None:
     # YahooMusic and Flixster: exact mean-field over every clamped known rating with the kernel's
     # same-user and same-item terms and the item-based co-rating term; the compatibility untruncated on
-    # their scales (1..100, 0.5..5), while the model keeps the paper's tau for training.
+    # their scales (1..100, 0.5..5), while the model keeps the paper's tau for training; the CRF's output
+    # mixed with the bias baseline, more on YahooMusic.
     for dataset, widest in (("yahoo_music", 99.0), ("flixster", 4.5)):
         inference = preset(dataset).inference
         assert (inference.mode, inference.known, inference.scaling) == ("exact", "clamped", "normalized")
         assert inference.same_user > 0 and inference.same_item > 0 and inference.co_rating > 0
         assert inference.tau is not None and inference.tau > widest**2 > preset(dataset).model["tau"]
+        assert 0 < inference.baseline < 1
+    assert preset("yahoo_music").inference.baseline > preset("flixster").inference.baseline
     # ML-100K and Douban: the same, with the item- and user-based co-rating terms (and their pseudo-count)
     # instead of the line terms.
     for dataset in ("ml-100k", "douban"):
         inference = preset(dataset).inference
         assert (inference.mode, inference.known, inference.scaling) == ("exact", "clamped", "normalized")
         assert inference.co_rating > 0 and inference.co_rating_user > 0 and inference.co_rating_prior > 0
-        assert inference.same_user == 0 and inference.same_item == 0
+        assert inference.same_user == 0 and inference.same_item == 0 and inference.baseline == 0
     for dataset in ("epinions", "csv"):
         assert preset(dataset).inference.mode == "none"
     assert preset("flixster").train.ema_decay == 0.99 and preset("flixster", "paper").train.ema_decay == 0
