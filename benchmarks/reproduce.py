@@ -81,6 +81,17 @@ def one_run(
     return evaluate_run(dataset, config, seed, data_dir, out, MODES[config], train, train_seconds)
 
 
+def paper_crf(scaling: str, model: dict[str, Any]) -> list[str]:
+    """`dcmc evaluate` flags of the paper's CRF with exact messages under `scaling`: the model's kernel,
+    gamma and tau, known entries updated from the network, and none of the kernel's extra terms or the
+    bias baseline that an artifact's own `exact` setting may carry."""
+    flags = ["--scaling", scaling, "--known", "predicted", "--gamma", str(model["gamma"])]
+    flags += ["--tau", str(model["tau"])]
+    for off in ("--same-user", "--same-item", "--co-rating", "--co-rating-user", "--baseline"):
+        flags += [off, "0"]
+    return flags
+
+
 def evaluate_run(
     dataset: str,
     config: str,
@@ -101,8 +112,7 @@ def evaluate_run(
         if name != "default":
             cmd += ["--inference", name]
         if scaling:  # the paper's CRF, whatever the artifact's own exact settings are
-            cmd += ["--scaling", scaling, "--known", "predicted", "--gamma", str(model["gamma"])]
-            cmd += ["--tau", str(model["tau"]), "--same-user", "0", "--same-item", "0"]
+            cmd += paper_crf(scaling, model)
         ev = json.loads(_run(cmd))
         records.append(
             {
