@@ -576,6 +576,4 @@ def baseline_mixture(
     dist: np.ndarray, prediction: np.ndarray, levels: np.ndarray, weight: float
 ) -> np.ndarray:
     """(1 - weight) dist + weight B, with B the level distribution of the baseline's prediction: (K, p)."""
-    if weight == 0:
-        return dist
     return (1.0 - weight) * dist + weight * level_distribution(prediction, levels)
