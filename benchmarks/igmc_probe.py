@@ -12,9 +12,9 @@ edge and drops edges at random.
 This probe re-implements that with IGMC's hyperparameters as defaults (4 layers of 32, 4 bases, batch 50,
 Adam 1e-3, edge dropout 0.2, ARR 0.001, 40 epochs), trains it on the ratings an artifact was trained on,
 and scores the validation entries the artifact held out: IGMC alone (last epoch, and the mean of the
-epoch-10, 20, 30 and 40 predictions as IGMC's ensemble), the artifact's default inference alone, and their
-blends (1 - w) DCMC + w IGMC. A measurement, not a product mode: it decides whether such a model would be
-worth building into DCMC. Validation entries only.
+epoch-10, 20, 30 and 40 predictions, an ensemble over epochs in the spirit of IGMC's), the artifact's
+default inference alone, and their blends (1 - w) DCMC + w IGMC. A measurement, not a product mode: it
+decides whether such a model would be worth building into DCMC. Validation entries only.
 
     python benchmarks/igmc_probe.py --artifacts runs/val/flixster-s0 --data-dir ../shared/datasets
 """
