@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from model.artifact import load_artifact  # noqa: E402
 from model.engine import expected_rating, predict_entries  # noqa: E402
+from model.exact import LineIndex  # noqa: E402
 from training.data import Entries, carve_validation, load_dataset  # noqa: E402
 from training.evaluate import map_entries  # noqa: E402
 
@@ -49,14 +50,10 @@ class Subgraphs:
 
     def __init__(self, known: Entries, labels: np.ndarray, n_users: int, n_items: int, cap: int) -> None:
         self.n_items, self.cap = n_items, cap
-        self.u_ptr, self.u_items, self.u_labels = self._index(known.rows, known.cols, labels, n_users)
-        self.i_ptr, self.i_users, _ = self._index(known.cols, known.rows, labels, n_items)
-
-    @staticmethod
-    def _index(key: np.ndarray, other: np.ndarray, labels: np.ndarray, size: int):
-        order = np.argsort(key, kind="stable")
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=size))])
-        return indptr, other[order], labels[order]
+        by_user, by_item = LineIndex(known.rows, n_users), LineIndex(known.cols, n_items)
+        self.u_ptr, self.u_items = by_user.indptr, known.cols[by_user.order]
+        self.u_labels = labels[by_user.order]
+        self.i_ptr, self.i_users = by_item.indptr, known.rows[by_item.order]
 
     def _neighbours(self, ptr: np.ndarray, table: np.ndarray, node: int, drop: int, rng) -> np.ndarray:
         out = table[ptr[node] : ptr[node + 1]]
