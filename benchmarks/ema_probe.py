@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = args.data_dir or str(shared / ("ml-100k" if args.dataset == "ml-100k" else "monti"))
     chosen = preset(args.dataset, "default")
     overrides = {"val_fraction": str(TUNING_VAL_FRACTION), **dict(kv.split("=", 1) for kv in args.set)}
-    model_over, train_over = split_overrides(overrides)
+    model_over, train_over, _ = split_overrides(overrides)
     cfg = replace(chosen.train, seed=args.seed, ema_decay=0.0, **train_over)
     data = load_dataset(args.dataset, data_dir, split="u1", seed=0)
     levels = tuple(float(x) for x in data.levels)

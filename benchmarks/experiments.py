@@ -190,8 +190,12 @@ def train_seconds(artifact: Path) -> float:
 def score(artifact: Path, plan: Plan, mode: str, part: str) -> dict[str, Any]:
     """RMSE/MAE of one artifact under `mode` (`none`, `paper` or `exact/<scaling>`)."""
     name, _, scaling = mode.partition("/")
-    overrides = {"scaling": scaling} if scaling else {}
-    ev = evaluate(artifact, plan.data_dir, mode=name, seed=plan.seed, overrides=overrides, part=part)
+    overrides: dict[str, Any] = {"mode": name}
+    if name == "paper":
+        overrides["paper.seed"] = plan.seed
+    if scaling:
+        overrides["kernel.scaling"] = scaling
+    ev = evaluate(artifact, plan.data_dir, overrides=overrides, part=part)
     return {"rmse": ev["rmse"], "mae": ev["mae"], "n": ev["n"], "eval_seconds": ev["seconds"]}
 
 

@@ -36,8 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model.artifact import load_artifact  # noqa: E402
-from model.engine import expected_rating, predict_entries  # noqa: E402
-from model.exact import LineIndex  # noqa: E402
+from model.engine import expected_rating  # noqa: E402
+from model.ratings import LineIndex  # noqa: E402
+from model.scorers import artifact_scorer, predict_distributions  # noqa: E402
 from training.data import Entries, carve_validation, load_dataset  # noqa: E402
 from training.evaluate import map_entries  # noqa: E402
 
@@ -241,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     train_s = time.perf_counter() - t0
 
     rows, cols = map_entries(art, data.user_ids, data.item_ids, val)
-    model = art.scoring_model(include_held_out=False)
-    dcmc = expected_rating(predict_entries(model, rows, cols, art.inference), art.levels)
+    network, scorer = artifact_scorer(art, include_held_out=False)
+    dcmc = expected_rating(predict_distributions(network, scorer, rows, cols), art.levels)
     ensemble = np.mean(snapshots, axis=0) if snapshots else last
     result = {
         "dataset": ds["name"],

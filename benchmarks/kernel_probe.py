@@ -29,8 +29,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model.artifact import load_artifact  # noqa: E402
-from model.engine import compatibility_matrix, expected_rating, nearest_level  # noqa: E402
-from model.exact import softmax  # noqa: E402
+from model.engine import (  # noqa: E402
+    compatibility_matrix,
+    expected_rating,
+    nearest_level,
+    softmax,
+)
+from model.exact import lift  # noqa: E402
+from model.scorers import load_network  # noqa: E402
 from training.data import load_dataset  # noqa: E402
 from training.evaluate import held_out, map_entries  # noqa: E402
 
@@ -76,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, cols = map_entries(art, split.user_ids, split.item_ids, val)
     levels = art.levels
     compat = compatibility_matrix(levels, art.config.tau if args.tau is None else args.tau)
-    scoring = art.scoring_model()
-    a, b = scoring.user_lifted, scoring.item_lifted  # lifted unit embeddings: s_r = a_i . a_i'
+    scoring = load_network(art)
+    a, b = lift(scoring.user_unit), lift(scoring.item_unit)  # lifted unit embeddings: s_r = a_i . a_i'
     s_rows, s_cols = a @ a.T, b @ b.T  # the model's scaled cosines s_r, s_c
-    known_compat = compat[nearest_level(art.train_values, levels)]  # clamped known entries: C[y_l]
+    known_compat = compat[nearest_level(art.train.values, levels)]  # clamped known entries: C[y_l]
     probs = scoring.probabilities(rows, cols)
 
     def rmse_of(pred: np.ndarray) -> float:
@@ -92,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(json.dumps({"dataset": ds["name"], "n_val": len(val), "none": round(rmse(probs), 4)}), flush=True)
     t0 = time.perf_counter()
-    targets = np.hstack([known_compat, art.train_values[:, None]])  # C[y_l] and y_l
-    msgs = messages(s_rows, s_cols, rows, cols, art.train_rows, art.train_cols, targets, args.powers)
+    targets = np.hstack([known_compat, art.train.values[:, None]])  # C[y_l] and y_l
+    msgs = messages(s_rows, s_cols, rows, cols, art.train.rows, art.train.cols, targets, args.powers)
     for q in args.powers:
         # The weighted mean of the known ratings alone: a kNN with the same weights, for reference.
         knn = msgs[q][:, -1]

@@ -21,8 +21,6 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
 
-from model.config import EXACT_SETTINGS
-
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -81,14 +79,34 @@ def one_run(
     return evaluate_run(dataset, config, seed, data_dir, out, MODES[config], train, train_seconds)
 
 
-def paper_crf(scaling: str, model: dict[str, Any]) -> list[str]:
-    """`dcmc evaluate` flags of the paper's CRF with exact messages under `scaling`: the model's kernel,
-    gamma and tau, known entries updated from the network, and none of the kernel's extra terms or the
+def paper_crf(scaling: str) -> list[str]:
+    """`dcmc evaluate` flags of the paper's CRF with exact messages under `scaling`: the model's gamma,
+    tau and kernel, known entries updated from the network, and none of the kernel's extra terms or the
     bias baseline that an artifact's own `exact` setting may carry."""
-    flags = ["--scaling", scaling, "--known", "predicted", "--gamma", str(model["gamma"])]
-    flags += ["--tau", str(model["tau"])]
-    for off in ("--same-user", "--same-item", "--co-rating", "--co-rating-user", "--baseline"):
-        flags += [off, "0"]
+    settings = {
+        "mode": "exact",
+        "kernel.scaling": scaling,
+        "kernel.known": "predicted",
+        "crf.gamma": "none",
+        "crf.tau": "none",
+        **{f"kernel.{term}": "0" for term in ("same_user", "same_item", "co_rating", "co_rating_user")},
+        "output.baseline": "0",
+    }
+    return [flag for k, v in settings.items() for flag in ("--set", f"inference.{k}={v}")]
+
+
+def evaluate_flags(mode: str, artifact_mode: str, seed: int) -> list[str]:
+    """`dcmc evaluate --set` flags of one row: `default` (the artifact's own setting), a mode, or
+    exact/<scaling>. The `paper` row runs the paper's CRF: the model's gamma and tau, not the ones an
+    artifact's `exact` setting carries; its random partitions follow the run's seed."""
+    name, _, scaling = mode.partition("/")
+    if scaling:
+        return paper_crf(scaling)
+    flags = [] if name == "default" else ["--set", f"inference.mode={name}"]
+    if name == "paper":
+        flags += ["--set", "inference.crf.gamma=none", "--set", "inference.crf.tau=none"]
+    if (artifact_mode if name == "default" else name) == "paper":
+        flags += ["--set", f"inference.paper.seed={seed}"]
     return flags
 
 
@@ -104,15 +122,10 @@ def evaluate_run(
 ) -> list[dict[str, Any]]:
     """`dcmc evaluate` one artifact in each inference setting (`default`, `mode` or `exact/<scaling>`)."""
     records = []
-    model = json.loads((out / "config.json").read_text())["model"]
+    artifact_mode = json.loads((out / "config.json").read_text())["inference"]["mode"]
     for mode in modes:
-        name, _, scaling = mode.partition("/")
         cmd = [sys.executable, "-m", "training.cli", "evaluate", "--artifacts", str(out)]
-        cmd += ["--data-dir", data_dir, "--seed", str(seed)]
-        if name != "default":
-            cmd += ["--inference", name]
-        if scaling:  # the paper's CRF, whatever the artifact's own exact settings are
-            cmd += paper_crf(scaling, model)
+        cmd += ["--data-dir", data_dir, *evaluate_flags(mode, artifact_mode, seed)]
         ev = json.loads(_run(cmd))
         records.append(
             {
@@ -127,7 +140,7 @@ def evaluate_run(
                 "train_seconds": round(train_seconds, 1),
                 "epochs": train["epochs"],
                 "val_rmse": train["val_rmse"],
-                "settings": {k: ev[k] for k in ("inference", *EXACT_SETTINGS) if k in ev},
+                "settings": ev["settings"],
             }
         )
     return records

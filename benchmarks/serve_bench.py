@@ -108,7 +108,7 @@ def main() -> int:
         "--inference",
         choices=("artifact", "paper", "none", "exact"),
         default="artifact",
-        help="artifact: the artifact's own setting; otherwise a DCMC_INFERENCE_MODE override",
+        help="artifact: the artifact's own setting; otherwise a DCMC_INFERENCE__MODE override",
     )
     parser.add_argument("--set", action="append", default=[], metavar="DCMC_X=V", help="extra service env")
     args = parser.parse_args()
@@ -118,7 +118,7 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "REDIS_URL": args.redis_url, "DCMC_LOG_LEVEL": "warning"}
     if args.inference != "artifact":
-        env["DCMC_INFERENCE_MODE"] = args.inference
+        env["DCMC_INFERENCE__MODE"] = args.inference
     env.update(kv.split("=", 1) for kv in args.set)
     dcmc = str(Path(sys.executable).with_name("dcmc"))
     argv = [

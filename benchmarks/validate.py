@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     art = load_artifact(out)
     for mode, subsets in [("none", [SUBSETS[0]]), ("paper", SUBSETS)]:
         for rows, cols in subsets:
-            inference = replace(art.inference, mode=mode, subset_rows=rows, subset_cols=cols)
+            changes = {"mode": mode}
+            if mode == "paper":
+                changes.update({"paper.subset_rows": rows, "paper.subset_cols": cols})
+            inference = art.inference.with_overrides(changes)
             pred = predict_ratings(art, val.rows, val.cols, inference, include_held_out=False)
             key = "val_rmse_none" if mode == "none" else f"val_rmse_paper_{rows}x{cols}"
             result[key] = round(float(np.sqrt(np.mean((pred - val.values) ** 2))), 4)

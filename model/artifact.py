@@ -19,7 +19,12 @@ An artifact is a directory of plain files (no pickles):
     metrics.json         training metrics
     known_field.npz      the converged `exact` field of the known entries for the artifact's inference
                          settings over all known ratings (trained on and held out): g (p, d+1, d+1),
-                         h (d+1, d+1) and the settings it was computed for
+                         h (d+1, d+1) and, with line terms, t (N, p)
+    known_field.json     the settings that field was computed for (model.exact.FieldKey); a scorer whose
+                         settings differ recomputes the field
+
+Format 1 (before the inference settings were grouped) still loads: its flat inference settings are read
+into groups, and its stored field, whose key was a tuple, is recomputed.
 
 It is written into a temporary sibling directory and renamed into place, so a crash never leaves a
 half-written artifact; loading verifies every checksum.
@@ -40,14 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from model.config import KERNEL_SETTINGS, ConfigError, InferenceConfig, ModelConfig
-from model.engine import FieldKey, ScoringModel, compatibility_matrix
-from model.exact import KnownField, LevelInterpolation
+from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.ids import IdMap
+from model.ratings import Ratings
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 KNOWN_FIELD = "known_field.npz"
+FIELD_KEY = "known_field.json"
 HELD_OUT = "held_out_ratings.npz"
 
 
@@ -110,8 +116,8 @@ def verify(directory: Path) -> dict[str, Any]:
         fmt = manifest["format_version"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ArtifactError(f"{manifest_path} is not a valid manifest: {exc}") from None
-    if fmt != FORMAT_VERSION:
-        raise ArtifactError(f"{directory}: artifact format {fmt}, this code reads {FORMAT_VERSION}")
+    if fmt not in READABLE_FORMATS:
+        raise ArtifactError(f"{directory}: artifact format {fmt}, this code reads {READABLE_FORMATS}")
     for name, expected in files.items():
         path = directory / name
         if not path.is_file():
@@ -125,6 +131,16 @@ def verify(directory: Path) -> dict[str, Any]:
     return manifest
 
 
+@dataclass(frozen=True)
+class StoredField:
+    """A known field as the artifact stores it: the settings it was computed for and its arrays."""
+
+    key: dict[str, Any]
+    g: np.ndarray  # (p, d+1, d+1) float64
+    h: np.ndarray  # (d+1, d+1)
+    t: np.ndarray | None  # (N, p), present when the kernel has line terms
+
+
 @dataclass
 class Artifact:
     """A verified artifact loaded into numpy arrays."""
@@ -136,96 +152,66 @@ class Artifact:
     meta: dict[str, Any]
     users: IdMap
     items: IdMap
-    train_rows: np.ndarray
-    train_cols: np.ndarray
-    train_values: np.ndarray
+    train: Ratings
+    """The ratings the network was trained on (its input rows and columns)."""
+    held_out: Ratings
+    """Validation ratings carved from the training split: not trained on, but known at test time."""
     user_embeddings: np.ndarray
     item_embeddings: np.ndarray
     bilinear: np.ndarray
-    known_field: tuple[FieldKey, KnownField] | None = None
-    held_out_rows: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    held_out_cols: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    held_out_values: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+    known_field: StoredField | None = None
+    _known: Ratings | None = field(default=None, init=False, repr=False)
 
     @property
     def levels(self) -> np.ndarray:
         """Rating levels, (p,) float64."""
         return np.asarray(self.config.levels, dtype=np.float64)
 
-    def known(self, include_held_out: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The known ratings (rows, cols, values): those trained on, then the held-out validation ones."""
-        if not include_held_out or len(self.held_out_rows) == 0:
-            return self.train_rows, self.train_cols, self.train_values
-        return (
-            np.concatenate([self.train_rows, self.held_out_rows]),
-            np.concatenate([self.train_cols, self.held_out_cols]),
-            np.concatenate([self.train_values, self.held_out_values]),
-        )
+    def known(self, include_held_out: bool = True) -> Ratings:
+        """The known ratings: those trained on, then the held-out validation ones (unless excluded)."""
+        if not include_held_out or len(self.held_out) == 0:
+            return self.train
+        if self._known is None:
+            self._known = Ratings(
+                np.concatenate([self.train.rows, self.held_out.rows]),
+                np.concatenate([self.train.cols, self.held_out.cols]),
+                np.concatenate([self.train.values, self.held_out.values]),
+                self.config.n_users,
+                self.config.n_items,
+            )
+        return self._known
 
-    def scoring_model(self, config: ModelConfig | None = None, include_held_out: bool = True) -> ScoringModel:
-        """A ScoringModel over the stored embeddings and known ratings (with the stored known field).
-
-        `config` replaces the model config (e.g. another T or gamma); the stored field then serves only
-        the settings it was computed for. `include_held_out=False` leaves the held-out validation ratings
-        out of the known ratings (scoring those very ratings), and the stored field, computed with them, too.
-        """
-        rows, cols, values = self.known(include_held_out)
-        model = ScoringModel(
-            config=config or self.config,
-            user_emb=self.user_embeddings.astype(np.float64),
-            item_emb=self.item_embeddings.astype(np.float64),
-            bilinear=self.bilinear.astype(np.float64),
-            known_rows=rows,
-            known_cols=cols,
-            known_values=values,
-        )
-        if self.known_field is not None and (include_held_out or len(self.held_out_rows) == 0):
-            model.add_field(*self.known_field)
-        return model
+    def stored_field(self, include_held_out: bool = True) -> StoredField | None:
+        """The stored known field, where it was computed over the same known ratings."""
+        return self.known_field if include_held_out or len(self.held_out) == 0 else None
 
 
-FIELD_KEY_NAMES = ("scaling", "known", "gamma", "layers", "scale", *KERNEL_SETTINGS[3:])
-"""The names a known field's key (`ScoringModel.field_key`) is stored under, in order: the settings of
-the `exact` CRF, with T and the scale after gamma."""
+def save_known_field(
+    directory: Path, key: dict[str, Any], g: np.ndarray, h: np.ndarray, t: np.ndarray | None
+) -> None:
+    """Write a known field (plain arrays, no pickles) and, as JSON, the settings it belongs to."""
+    extra = {} if t is None else {"t": t}
+    np.savez(directory / KNOWN_FIELD, **extra, g=g, h=h)
+    (directory / FIELD_KEY).write_text(json.dumps(key, indent=2) + "\n")
 
 
-def save_known_field(path: Path, key: FieldKey, field: KnownField) -> None:
-    """Write a known field and the settings it belongs to (plain arrays, no pickles)."""
-    extra = {} if field.t is None else {"t": field.t}
-    settings = {name: np.array(value) for name, value in zip(FIELD_KEY_NAMES, key, strict=True)}
-    np.savez(path, **extra, **settings, g=field.g, h=field.h)
-
-
-def _load_known_field(path: Path, config: ModelConfig) -> tuple[FieldKey, KnownField]:
-    with np.load(path, allow_pickle=False) as z:
-        key: FieldKey = (
-            str(z["scaling"]),
-            str(z["known"]),
-            float(z["gamma"]),
-            int(z["layers"]),
-            float(z["scale"]),
-            float(z["tau"]) if "tau" in z.files else config.tau,
-            float(z["same_user"]) if "same_user" in z.files else 0.0,
-            float(z["same_item"]) if "same_item" in z.files else 0.0,
-            float(z["co_rating"]) if "co_rating" in z.files else 0.0,
-            float(z["co_rating_power"]) if "co_rating_power" in z.files else 0.0,
-            float(z["co_rating_prior"]) if "co_rating_prior" in z.files else 0.0,
-            float(z["co_rating_user"]) if "co_rating_user" in z.files else 0.0,
-            float(z["co_rating_shrink"]) if "co_rating_shrink" in z.files else 0.0,
-        )
-        if "co_rating_shrink" not in z.files and key[8] > 0:  # written before the shrinkage was a setting
-            key = (*key[:12], 10.0)
+def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> StoredField | None:
+    """The stored field and its key; None for a format-1 field (no JSON key: it is recomputed)."""
+    key_path = directory / FIELD_KEY
+    if not key_path.is_file():
+        return None
+    key = json.loads(key_path.read_text())
+    if not isinstance(key, dict):
+        raise ValueError(f"{key_path} does not hold a JSON object")
+    with np.load(directory / KNOWN_FIELD, allow_pickle=False) as z:
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         t = z["t"].astype(np.float64) if "t" in z.files else None
     dim = config.embedding_dim + 1
     if g.shape != (config.n_levels, dim, dim) or h.shape != (dim, dim):
         raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
-    if (key[6] > 0 or key[7] > 0 or key[8] > 0 or key[11] > 0) != (t is not None) or (
-        t is not None and t.shape[1] != config.n_levels
-    ):
-        raise ValueError("known field: the line terms' distributions are missing or misshapen")
-    interp = LevelInterpolation.of(compatibility_matrix(np.asarray(config.levels), key[5]))
-    return key, KnownField(g=g, h=h, scaling=key[0], scale=key[4], t=t, interp=interp)
+    if t is not None and t.shape != (n_known, config.n_levels):
+        raise ValueError(f"known field: t has shape {t.shape}, the ratings hold {n_known} known entries")
+    return StoredField(key=key, g=g, h=h, t=t)
 
 
 def read_config(directory: str | Path) -> tuple[ModelConfig, InferenceConfig]:
@@ -258,8 +244,12 @@ def load_artifact(directory: str | Path) -> Artifact:
         user_emb = np.load(directory / "user_embeddings.npy", allow_pickle=False)
         item_emb = np.load(directory / "item_embeddings.npy", allow_pickle=False)
         bilinear = np.load(directory / "bilinear.npy", allow_pickle=False)
-        field_path = directory / KNOWN_FIELD
-        field = _load_known_field(field_path, model_config) if field_path.is_file() else None
+        n, m = model_config.n_users, model_config.n_items
+        train = Ratings(rows, cols, values, n, m)
+        held_out = Ratings(*held, n, m)
+        field = None
+        if (directory / KNOWN_FIELD).is_file():
+            field = _load_known_field(directory, model_config, len(train) + len(held_out))
     except (OSError, KeyError, ValueError, ConfigError) as exc:
         raise ArtifactError(f"{directory}: cannot read artifact: {exc}") from None
     d, p = model_config.embedding_dim, model_config.n_levels
@@ -273,13 +263,6 @@ def load_artifact(directory: str | Path) -> Artifact:
             raise ArtifactError(f"{directory / name}: shape {tuple(got)}, config says {want}")
     if len(users) != model_config.n_users or len(items) != model_config.n_items:
         raise ArtifactError(f"{directory}: id maps do not match the configured matrix size")
-    if not len(held[0]) == len(held[1]) == len(held[2]):
-        raise ArtifactError(f"{directory / HELD_OUT}: rows, cols and values differ in length")
-    n_known = len(rows) + len(held[0])
-    if field is not None and field[1].t is not None and len(field[1].t) != n_known:
-        raise ArtifactError(
-            f"{directory / KNOWN_FIELD}: {len(field[1].t)} known entries, the ratings hold {n_known}"
-        )
     return Artifact(
         path=directory,
         model_version=manifest["model_version"],
@@ -288,14 +271,10 @@ def load_artifact(directory: str | Path) -> Artifact:
         meta={k: v for k, v in config.items() if k not in ("model", "inference")},
         users=users,
         items=items,
-        train_rows=rows.astype(np.int64),
-        train_cols=cols.astype(np.int64),
-        train_values=values.astype(np.float64),
+        train=train,
+        held_out=held_out,
         user_embeddings=user_emb,
         item_embeddings=item_emb,
         bilinear=bilinear,
         known_field=field,
-        held_out_rows=held[0].astype(np.int64),
-        held_out_cols=held[1].astype(np.int64),
-        held_out_values=held[2].astype(np.float64),
     )

@@ -6,13 +6,13 @@ An artifact stores these next to the weights, so the weights and the architectur
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-InferenceMode = Literal["paper", "none", "exact"]
-Scaling = Literal["sum", "scaled", "normalized"]
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 MessageScaling = Literal["sum", "normalized"]
-KnownMode = Literal["predicted", "clamped"]
 
 
 class ConfigError(ValueError):
@@ -92,123 +92,219 @@ class ModelConfig:
         return cls(**d)
 
 
-KERNEL_SETTINGS = (
-    "scaling",
-    "known",
-    "gamma",
-    "tau",
-    "same_user",
-    "same_item",
-    "co_rating",
-    "co_rating_power",
-    "co_rating_prior",
-    "co_rating_user",
-    "co_rating_shrink",
-)
-"""The InferenceConfig fields the `exact` mode's CRF reads (a known field depends on these)."""
+# -- test-time inference ------------------------------------------------------------------------------------
+# Every inference setting is declared once below: its type, default, range and docstring. The groups are
+# named by what reads them, so that a setting the mode in force does not read cannot be set by mistake.
 
-EXACT_SETTINGS = (*KERNEL_SETTINGS, "baseline", "baseline_user_shrink", "baseline_item_shrink")
-"""The InferenceConfig fields that only the `exact` mode reads: the CRF's, then the bias baseline's."""
+InferenceMode = Literal["paper", "none", "exact"]
+Scaling = Literal["sum", "scaled", "normalized"]
+KnownMode = Literal["predicted", "clamped"]
 
 
-@dataclass(frozen=True)
-class InferenceConfig:
-    """Test-time procedure: CRFs over random row x column subsets, averaged over repeats."""
+class _Group(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class CrfSettings(_Group):
+    """The mean-field CRF's weights, read by `paper` and `exact`; None = the value the model trained with."""
+
+    gamma: float | None = Field(default=None, ge=0)
+    """Weight gamma of the pairwise term against the unary term (none = the model's gamma)."""
+    tau: float | None = Field(default=None, gt=0)
+    """Truncation of the label compatibility min((L_u - L_v)^2, tau) (none = the model's tau)."""
+    layers: int | None = Field(default=None, ge=0)
+    """Number T of mean-field layers (none = the model's T; 0 = the base network alone)."""
+
+
+class PaperSettings(_Group):
+    """The paper's test-time procedure: CRFs over random row x column blocks, averaged over partitions."""
+
+    subset_rows: int = Field(default=32, ge=1)
+    """Rows per random subset (also read by `exact` with kernel.scaling = scaled)."""
+    subset_cols: int = Field(default=64, ge=1)
+    """Columns per random subset (also read by `exact` with kernel.scaling = scaled)."""
+    repeats: int = Field(default=10, ge=1)
+    """Number R of random partitions whose predictions are averaged."""
+    seed: int = 0
+    """Seed of the random partitions."""
+
+
+class KernelSettings(_Group):
+    """The `exact` CRF over every known entry: its message scaling and the terms of its kernel."""
+
+    scaling: Scaling = "normalized"
+    """Messages as summed (`sum`, the paper's), times the expected share of nodes in a paper block
+    (`scaled`), or divided by sum_l s(k, l) (`normalized`)."""
+    known: KnownMode = "predicted"
+    """Known entries start from the base network's distributions and are updated (`predicted`), or are
+    fixed to their observed labels (`clamped`)."""
+    same_user: float = Field(default=0.0, ge=0)
+    """Weight lambda_u of the same-user term lambda_u [i = i'] s_c(j, j') (0 = off; see model/exact.py)."""
+    same_item: float = Field(default=0.0, ge=0)
+    """Weight lambda_i of the same-item term lambda_i [j = j'] s_r(i, i') (0 = off)."""
+    co_rating: float = Field(default=0.0, ge=0)
+    """Weight lambda_r of the item-based co-rating term lambda_r [i = i'] w(j, j'), w the shrunk adjusted
+    cosine of the items' known rating columns (item-based kNN inside the CRF; 0 = off)."""
+    co_rating_user: float = Field(default=0.0, ge=0)
+    """Weight lambda_c of the user-based co-rating term lambda_c [j = j'] w_u(i, i') (user-based kNN on the
+    query's column; 0 = off)."""
+    co_rating_power: float = Field(default=2.0, gt=0)
+    """Exponent q of the co-rating weights, w = max(0, rho)^q (larger = sharper)."""
+    co_rating_shrink: float = Field(default=10.0, gt=0)
+    """Shrinkage s of the co-rating similarities, rho x n / (n + s) for n co-raters."""
+    co_rating_prior: float = Field(default=0.0, ge=0)
+    """Pseudo-count c of the co-rating terms with `normalized` messages: (lambda_r + lambda_c) c joins the
+    normaliser, so a query with few or weakly similar neighbours keeps more of the base network (0 = none)."""
+
+
+class OutputSettings(_Group):
+    """What `exact` mixes into the CRF's final distributions."""
+
+    baseline: float = Field(default=0.0, ge=0, le=1)
+    """Weight w of a ridge bias baseline mixed into the final distributions, (1 - w) Q + w B, so the
+    expected rating becomes (1 - w) E_Q + w (mu + b_i + c_j) (not in the paper; 0 = the CRF alone)."""
+    baseline_user_shrink: float = Field(default=2.0, gt=0)
+    """Ridge penalty of the baseline's user biases b_i (a pseudo-count of ratings)."""
+    baseline_item_shrink: float = Field(default=5.0, gt=0)
+    """Ridge penalty of the baseline's item biases c_j (a pseudo-count of ratings)."""
+
+
+GROUPS_READ: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "paper": ("crf", "paper"),
+    "exact": ("crf", "kernel", "output"),
+}
+"""The setting groups each mode reads (`exact` also reads paper.subset_rows/cols with scaled messages)."""
+
+
+class InferenceConfig(_Group):
+    """Test-time procedure: `paper`, `exact` or `none`, and the settings of the groups the mode reads."""
 
     mode: InferenceMode = "paper"
     """`paper`: mean-field over random subsets of known + queried entries; `none`: base network only;
     `exact`: mean-field over all known entries with exact linear-time messages, queries attached."""
-    subset_rows: int = 32
-    """Rows per random subset."""
-    subset_cols: int = 64
-    """Columns per random subset."""
-    repeats: int = 10
-    """Number R of random partitions whose predictions are averaged."""
-    seed: int = 0
-    """Seed of the random partitions."""
-    scaling: Scaling = "normalized"
-    """`exact` only: messages as summed (`sum`, the paper's), times the expected share of nodes in a
-    subset_rows x subset_cols block (`scaled`), or divided by sum_l s(k, l) (`normalized`)."""
-    known: KnownMode = "predicted"
-    """`exact` only: known entries start from the base network's distributions and are updated
-    (`predicted`), or are fixed to their observed labels (`clamped`)."""
-    gamma: float | None = None
-    """Weight of the pairwise term at test time; None = the model's gamma."""
-    tau: float | None = None
-    """`exact` only: truncation of the label compatibility min((L_u - L_v)^2, tau) at test time;
-    None = the model's tau."""
-    same_user: float = 0.0
-    """`exact` only: weight lambda_u of the kernel's same-user term, lambda_u [i = i'] s_c(j, j'), added to
-    s_r(i, i') s_c(j, j') (0 = the model's kernel; see model/exact.py)."""
-    same_item: float = 0.0
-    """`exact` only: weight lambda_i of the kernel's same-item term, lambda_i [j = j'] s_r(i, i')."""
-    co_rating: float = 0.0
-    """`exact` only: weight lambda_r of the kernel's co-rating term, lambda_r [i = i'] w(j, j'), with w the
-    shrunk adjusted cosine of the items' training rating columns (item-based kNN; see model/exact.py)."""
-    co_rating_power: float = 2.0
-    """`exact` only: exponent q of the co-rating weights, w = max(0, rho)^q (larger = sharper)."""
-    co_rating_shrink: float = 10.0
-    """`exact` only: shrinkage s of the co-rating similarities, rho x n / (n + s) for n co-raters (> 0)."""
-    co_rating_user: float = 0.0
-    """`exact` only: weight lambda_c of the kernel's user-based co-rating term, lambda_c [j = j'] w_u(i, i'),
-    with w_u the same shrunk adjusted cosine between the users' training rating rows (each item's mean
-    removed) and exponent q (user-based kNN on the query's column; 0 = off)."""
-    co_rating_prior: float = 0.0
-    """`exact` with `normalized` messages only: pseudo-count c of the co-rating terms, which adds
-    (lambda_r + lambda_c) c to the normaliser. A query whose co-rated neighbours weigh little then receives
-    a weaker pull and keeps more of the base network's distribution (0 = none)."""
-    baseline: float = 0.0
-    """`exact` only: weight w of a bias baseline mixed into the CRF's final distributions, (1 - w) Q + w B.
-    B puts the baseline's prediction mu + b_i + c_j on the two levels around it, so the expected rating
-    becomes (1 - w) E_Q + w (mu + b_i + c_j) (not in the paper; 0 = the CRF alone, 1 = the baseline alone;
-    see model/exact.py)."""
-    baseline_user_shrink: float = 2.0
-    """`exact` only: ridge penalty of the baseline's user biases b_i (a pseudo-count of ratings, > 0)."""
-    baseline_item_shrink: float = 5.0
-    """`exact` only: ridge penalty of the baseline's item biases c_j (a pseudo-count of ratings, > 0)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("paper", "none", "exact"):
-            raise ConfigError(f"unknown inference mode {self.mode!r}; choose 'paper', 'none' or 'exact'")
-        if self.scaling not in ("sum", "scaled", "normalized"):
-            raise ConfigError(f"unknown scaling {self.scaling!r}; choose 'sum', 'scaled' or 'normalized'")
-        if self.known not in ("predicted", "clamped"):
-            raise ConfigError(f"unknown known-entry mode {self.known!r}; choose 'predicted' or 'clamped'")
-        if self.gamma is not None and self.gamma < 0:
-            raise ConfigError(f"gamma must be >= 0, got {self.gamma}")
-        if self.same_user < 0 or self.same_item < 0:
-            raise ConfigError(f"same_user and same_item must be >= 0, got {self.same_user}, {self.same_item}")
-        if min(self.co_rating, self.co_rating_user, self.co_rating_prior) < 0:
-            raise ConfigError(
-                "co_rating, co_rating_user and co_rating_prior must be >= 0, got "
-                f"{self.co_rating}, {self.co_rating_user} and {self.co_rating_prior}"
-            )
-        if not (self.co_rating_power > 0 and self.co_rating_shrink > 0):
-            raise ConfigError(
-                "co_rating_power and co_rating_shrink must be > 0, got "
-                f"{self.co_rating_power} and {self.co_rating_shrink}"
-            )
-        if not 0.0 <= self.baseline <= 1.0:
-            raise ConfigError(f"baseline must lie in [0, 1], got {self.baseline}")
-        if not (self.baseline_user_shrink > 0 and self.baseline_item_shrink > 0):
-            raise ConfigError(
-                "baseline_user_shrink and baseline_item_shrink must be > 0, got "
-                f"{self.baseline_user_shrink} and {self.baseline_item_shrink}"
-            )
-        if self.tau is not None and not self.tau > 0:
-            raise ConfigError(f"tau must be > 0, got {self.tau}")
-        if self.subset_rows < 1 or self.subset_cols < 1 or self.repeats < 1:
-            raise ConfigError("subset_rows, subset_cols and repeats must be >= 1")
+    crf: CrfSettings = CrfSettings()
+    paper: PaperSettings = PaperSettings()
+    kernel: KernelSettings = KernelSettings()
+    output: OutputSettings = OutputSettings()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready nested dict."""
+        return self.model_dump()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> InferenceConfig:
-        """Inverse of `to_dict`."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown InferenceConfig fields: {sorted(unknown)}")
-        return cls(**d)
+        """Inverse of `to_dict`; also reads the flat dict of format-1 artifacts. Errors are ConfigError."""
+        if d and not any(isinstance(v, dict) for v in d.values()) and set(d) - {"mode"}:
+            d = _from_flat(d)
+        try:
+            return cls.model_validate(d)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from None
+
+    def reads(self, name: str) -> bool:
+        """Whether the mode in force reads the setting `name` (`group.setting`, or `mode`)."""
+        group, _, setting = name.partition(".")
+        if group == "mode":
+            return True
+        if group == "paper" and self.mode == "exact" and setting in ("subset_rows", "subset_cols"):
+            return self.kernel.scaling == "scaled"
+        return group in GROUPS_READ[self.mode]
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> InferenceConfig:
+        """A copy with `overrides` applied: dotted names (`crf.gamma`, `mode`) to values, strings converted
+        by the declared type (`none` = None where a setting allows it). An unknown name, a bad value or a
+        setting that the resulting mode does not read is a ConfigError that says which."""
+        valid = setting_names()
+        merged = self.to_dict()
+        for name, value in overrides.items():
+            if name not in valid:
+                raise ConfigError(f"unknown inference setting {name!r}; valid: {', '.join(valid)}")
+            group, _, setting = name.partition(".")
+            if setting:
+                if isinstance(value, str) and value.lower() in ("none", "null") and _optional(group, setting):
+                    value = None
+                merged[group][setting] = value
+            else:
+                merged[group] = value
+        new = InferenceConfig.from_dict(merged)
+        unread = [name for name in overrides if not new.reads(name)]
+        if unread:
+            raise ConfigError(
+                f"inference mode {new.mode!r} does not read {', '.join(unread)}; it reads "
+                f"{', '.join(GROUPS_READ[new.mode]) or 'no settings'} (set inference.mode to use them)"
+            )
+        return new
+
+
+def setting_names() -> list[str]:
+    """Every inference setting's dotted name: `mode`, then `group.setting` in declaration order."""
+    names = ["mode"]
+    for group, info in InferenceConfig.model_fields.items():
+        if group != "mode":
+            sub = info.annotation
+            assert isinstance(sub, type) and issubclass(sub, _Group)
+            names += [f"{group}.{s}" for s in sub.model_fields]
+    return names
+
+
+def setting_doc(name: str) -> str:
+    """The docstring of a setting (its one-line description)."""
+    group, _, setting = name.partition(".")
+    info = InferenceConfig.model_fields[group]
+    if setting:
+        sub = info.annotation
+        assert isinstance(sub, type) and issubclass(sub, _Group)
+        info = sub.model_fields[setting]
+    return info.description or ""
+
+
+def _optional(group: str, setting: str) -> bool:
+    sub = InferenceConfig.model_fields[group].annotation
+    assert isinstance(sub, type) and issubclass(sub, _Group)
+    return sub.model_fields[setting].default is None
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(x) for x in err["loc"])
+        parts.append(f"inference setting {where}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+_FLAT_GROUPS = {
+    "crf": ("gamma", "tau"),
+    "paper": ("subset_rows", "subset_cols", "repeats", "seed"),
+    "kernel": tuple(KernelSettings.model_fields),
+    "output": tuple(OutputSettings.model_fields),
+}
+
+
+def _from_flat(d: dict[str, Any]) -> dict[str, Any]:
+    """The nested form of a format-1 artifact's flat inference dict."""
+    out: dict[str, Any] = {"mode": d.get("mode", "paper")}
+    for group, names in _FLAT_GROUPS.items():
+        out[group] = {k: d[k] for k in names if k in d}
+    left = set(d) - {"mode"} - {k for names in _FLAT_GROUPS.values() for k in names}
+    if left:
+        raise ConfigError(f"unknown inference settings {sorted(left)}; valid: {', '.join(setting_names())}")
+    return out
+
+
+@dataclass(frozen=True)
+class Crf:
+    """The CRF weights in force: the inference settings resolved against the model's."""
+
+    gamma: float
+    tau: float
+    layers: int
+
+
+def resolve_crf(model: ModelConfig, crf: CrfSettings) -> Crf:
+    """gamma, tau and T in force: each inference setting if set, else the model's (the one place)."""
+    return Crf(
+        gamma=model.gamma if crf.gamma is None else crf.gamma,
+        tau=model.tau if crf.tau is None else crf.tau,
+        layers=model.mf_layers if crf.layers is None else crf.layers,
+    )

@@ -53,16 +53,16 @@ G_u = sum_l (sum_v Q_l[v] C[u, v]) a b^T is a quadratic polynomial in L_u: three
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
-from model.config import ConfigError
-
-Scaling = Literal["sum", "scaled", "normalized"]
-KnownMode = Literal["predicted", "clamped"]
-
+from model.artifact import StoredField
+from model.config import ConfigError, Crf, KernelSettings, OutputSettings
+from model.engine import Network, bilinear_forms, compatibility_matrix, nearest_level, softmax
+from model.ratings import LineIndex, Ratings, ranges
+from model.types import FloatArray, IntArray
 
 CO_RATING_MAX_ITEMS = 20_000
 """A co-rating term keeps an m x m item (or n x n user) table, 3.2 GB of float64 at this size; larger
@@ -72,7 +72,7 @@ PAIR_CHUNK = 1 << 21
 """(query, line member) pairs per pass of the co-rating term: bounds its temporaries."""
 
 FEW_USERS = 16
-"""Up to this many distinct users, per-level reads go user by user through matrix products."""
+"""Up to this many distinct lines (a request's user), the co-rating term reads its table line by line."""
 
 
 def lift(unit: np.ndarray) -> np.ndarray:
@@ -117,28 +117,6 @@ def read_messages(
     return bilinear_forms(a, g, rows, b[cols])
 
 
-def bilinear_forms(left: np.ndarray, mats: np.ndarray, rows: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """out[k, u] = left[rows[k]]^T mats[u] right[k]: (K, p), with left^T mats[u] formed once per distinct
-    row. Up to FEW_USERS distinct rows (a request) one matrix product per row, else one batched einsum."""
-    users, inverse = np.unique(rows, return_inverse=True)
-    if len(users) <= FEW_USERS:  # no (K, p, D) gather
-        lm = np.matmul(left[users][None], mats)  # (p, distinct rows, D)
-        out = np.empty((len(rows), mats.shape[0]))
-        for i in range(len(users)):
-            mine = inverse == i
-            out[mine] = right[mine] @ lm[:, i, :].T
-        return out
-    lm = np.einsum("id,ude->iue", left[users], mats)  # (distinct rows, p, D)
-    return np.einsum("kue,ke->ku", lm[inverse], right)
-
-
-def ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated aranges: (owner of each element, starts[owner] + offset inside its range)."""
-    owner = np.repeat(np.arange(len(counts)), counts)
-    offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return owner, starts[owner] + offset
-
-
 def normalizer(h: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """sum_l s(k, l) for the entries (rows[k], cols[k]): (K,)."""
     return read_messages(h[None], a, b, rows, cols)[:, 0]
@@ -147,19 +125,6 @@ def normalizer(h: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, co
 def dense_similarity(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """The K x K similarity matrix the factorisation avoids (tests and small graphs only)."""
     return (a[rows] @ a[rows].T) * (b[cols] @ b[cols].T)
-
-
-class LineIndex:
-    """The known entries grouped by one coordinate (users: rows; items: columns), for sums over a line."""
-
-    def __init__(self, line: np.ndarray, n_lines: int) -> None:
-        self.order = np.argsort(line, kind="stable")
-        self.indptr = np.searchsorted(line[self.order], np.arange(n_lines + 1))
-
-    def members(self, lines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Known entries on each of the distinct `lines` (grouped, in line order) and their counts."""
-        starts, counts = self.indptr[lines], self.indptr[lines + 1] - self.indptr[lines]
-        return self.order[ranges(starts, counts)[1]], counts
 
 
 def _segment_sums(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -299,19 +264,16 @@ def affinity_messages(
 
 @dataclass(frozen=True)
 class Lines:
-    """The kernel's same-user and same-item terms over the known entries (see the module docstring)."""
+    """The kernel's same-user, same-item and co-rating terms over the known entries (module docstring)."""
 
     same_user: float
     same_item: float
-    known_rows: np.ndarray
-    known_cols: np.ndarray
-    by_row: LineIndex
-    by_col: LineIndex
+    known: Ratings
     co_rating: float = 0.0
-    affinity: np.ndarray | None = None  # (m, m) co-rating weights w(j, j'); needed when co_rating > 0
+    affinity: FloatArray | None = None  # (m, m) co-rating weights w(j, j'); needed when co_rating > 0
     co_rating_prior: float = 0.0  # pseudo-count c: the normaliser gains (lambda_r + lambda_c) c
     co_rating_user: float = 0.0  # lambda_c, the user-based term's weight
-    user_affinity: np.ndarray | None = None  # (n, n) user co-rating weights; needed when co_rating_user > 0
+    user_affinity: FloatArray | None = None  # (n, n) user co-rating weights; needed when co_rating_user > 0
 
     @property
     def active(self) -> bool:
@@ -325,33 +287,30 @@ class Lines:
 
     def messages(
         self,
-        weights: np.ndarray,
-        a: np.ndarray,
-        b: np.ndarray,
-        rows: np.ndarray,
-        cols: np.ndarray,
+        weights: FloatArray,
+        a: FloatArray,
+        b: FloatArray,
+        rows: IntArray,
+        cols: IntArray,
         with_total: bool = False,
-    ) -> np.ndarray:
+    ) -> FloatArray:
         """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l
         + lambda_r sum_{l on row i} w(j, j_l) w_l + lambda_c sum_{l on col j} w_u(i, i_l) w_l: (K, p);
         `with_total` appends the same sums of the similarities alone (the normaliser's share)."""
+        known = self.known
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         if self.same_user > 0:
-            user = line_messages(self.by_row, b, self.known_cols, weights, rows, b[cols], with_total)
+            user = line_messages(known.by_row, b, known.cols, weights, rows, b[cols], with_total)
             out += self.same_user * user
         if self.same_item > 0:
-            item = line_messages(self.by_col, a, self.known_rows, weights, cols, a[rows], with_total)
+            item = line_messages(known.by_col, a, known.rows, weights, cols, a[rows], with_total)
             out += self.same_item * item
-        if self.co_rating > 0:
-            assert self.affinity is not None, "the co-rating term needs its item table"
-            co = affinity_messages(
-                self.by_row, self.affinity, self.known_cols, weights, rows, cols, with_total
-            )
+        if self.co_rating > 0 and self.affinity is not None:
+            co = affinity_messages(known.by_row, self.affinity, known.cols, weights, rows, cols, with_total)
             out += self.co_rating * co
-        if self.co_rating_user > 0:
-            assert self.user_affinity is not None, "the user-based co-rating term needs its user table"
+        if self.co_rating_user > 0 and self.user_affinity is not None:
             co = affinity_messages(
-                self.by_col, self.user_affinity, self.known_rows, weights, cols, rows, with_total
+                known.by_col, self.user_affinity, known.rows, weights, cols, rows, with_total
             )
             out += self.co_rating_user * co
         return out
@@ -417,13 +376,6 @@ class KnownField:
             object.__setattr__(self, "g_anchors", np.ascontiguousarray(self.g[self.interp.anchors]))
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis."""
-    z = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
 def scaled_messages(
     g: np.ndarray,
     h: np.ndarray,
@@ -445,7 +397,8 @@ def scaled_messages(
     msg = read_messages(g, a, b, rows, cols) if interp is None else interp.read(g, a, b, rows, cols)
     line_total = 0.0
     if lines is not None and lines.active:
-        assert t is not None, "the same-user and same-item terms need the known entries' distributions"
+        if t is None:
+            raise ValueError("the kernel's line terms need the known entries' distributions")
         extra = lines.messages(t, a, b, rows, cols, with_total=scaling == "normalized")
         msg = msg + extra[:, : t.shape[1]]
         if scaling == "normalized":
@@ -463,8 +416,8 @@ def known_field(
     b: np.ndarray,
     known_rows: np.ndarray,
     known_cols: np.ndarray,
-    known_probs: np.ndarray,
-    known_labels: np.ndarray,
+    known_probs: FloatArray | None,
+    known_labels: IntArray,
     compat: np.ndarray,
     gamma: float,
     layers: int,
@@ -483,9 +436,11 @@ def known_field(
     graph = FactorizedGraph(a, b, known_rows, known_cols)
     h = graph.total()
     if known == "clamped":
-        q = np.zeros_like(known_probs)
+        q = np.zeros((len(known_labels), len(compat)))
         q[np.arange(len(known_labels)), known_labels] = 1.0
     else:
+        if known_probs is None:
+            raise ValueError("`predicted` known entries need the base network's distributions")
         q = known_probs
         unary = np.log(np.maximum(known_probs, 1e-30))
         for _ in range(layers):
@@ -577,3 +532,180 @@ def baseline_mixture(
 ) -> np.ndarray:
     """(1 - weight) dist + weight B, with B the level distribution of the baseline's prediction: (K, p)."""
     return (1.0 - weight) * dist + weight * level_distribution(prediction, levels)
+
+
+@dataclass(frozen=True)
+class FieldKey:
+    """What a known field depends on beyond the network and the known ratings. Stored as JSON beside the
+    field, so a field computed for other settings is recomputed rather than reused; settings that cannot
+    change the field (the co-rating exponent without a co-rating term, the scale unless `scaled`) are 0."""
+
+    scaling: str
+    known: str
+    gamma: float
+    layers: int
+    tau: float
+    scale: float
+    same_user: float
+    same_item: float
+    co_rating: float
+    co_rating_user: float
+    co_rating_power: float
+    co_rating_shrink: float
+    co_rating_prior: float
+    n_known: int
+
+    @classmethod
+    def of(cls, crf: Crf, kernel: KernelSettings, scale: float, n_known: int) -> FieldKey:
+        """The key of a field computed under these settings."""
+        co_rated = kernel.co_rating > 0 or kernel.co_rating_user > 0
+        return cls(
+            scaling=kernel.scaling,
+            known=kernel.known,
+            gamma=float(crf.gamma),
+            layers=int(crf.layers),
+            tau=float(crf.tau),
+            scale=float(scale) if kernel.scaling == "scaled" else 0.0,
+            same_user=kernel.same_user,
+            same_item=kernel.same_item,
+            co_rating=kernel.co_rating,
+            co_rating_user=kernel.co_rating_user,
+            co_rating_power=kernel.co_rating_power if co_rated else 0.0,
+            co_rating_shrink=kernel.co_rating_shrink if co_rated else 0.0,
+            co_rating_prior=kernel.co_rating_prior if co_rated else 0.0,
+            n_known=n_known,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FieldKey | None:
+        """The key stored with a field; None when it is not a key of this version (then recompute)."""
+        names = {f.name for f in fields(cls)}
+        if set(d) != names:
+            return None
+        try:
+            return cls(**d)
+        except TypeError:
+            return None
+
+
+class ExactScorer:
+    """The `exact` mode over one network and its known ratings: everything a query needs (the known
+    field, the kernel's tables, the bias baseline) is computed at construction, or taken from the
+    artifact's stored field when its key matches."""
+
+    def __init__(
+        self,
+        network: Network,
+        known: Ratings,
+        crf: Crf,
+        kernel: KernelSettings,
+        output: OutputSettings,
+        scale: float = 1.0,
+        stored: StoredField | None = None,
+    ) -> None:
+        self.network, self.known, self.crf = network, known, crf
+        self.kernel, self.output = kernel, output
+        self.user_lifted = lift(network.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
+        self.item_lifted = lift(network.item_unit)
+        self.compat = compatibility_matrix(network.levels, crf.tau)
+        self.lines = self._lines()
+        self.key = FieldKey.of(crf, kernel, scale, len(known))
+        stored_key = FieldKey.from_json(stored.key) if stored is not None else None
+        if stored is not None and stored_key == self.key:
+            self.field = KnownField(
+                g=stored.g,
+                h=stored.h,
+                scaling=kernel.scaling,
+                scale=scale,
+                t=stored.t,
+                interp=LevelInterpolation.of(self.compat),
+            )
+            self.field_source = "artifact"
+        else:
+            self.field = self._known_field(scale)
+            self.field_source = "computed"
+        self.biases: tuple[float, FloatArray, FloatArray] | None = None
+        if output.baseline > 0:
+            self.biases = bias_baseline(
+                known.rows,
+                known.cols,
+                known.values,
+                network.n_users,
+                network.n_items,
+                output.baseline_user_shrink,
+                output.baseline_item_shrink,
+            )
+
+    def _lines(self) -> Lines | None:
+        """The kernel's line and co-rating terms (None when every weight is 0), with their tables."""
+        k, known, net = self.kernel, self.known, self.network
+        if not any((k.same_user, k.same_item, k.co_rating, k.co_rating_user)):
+            return None
+        items = users = None
+        if k.co_rating > 0:
+            items = co_rating_affinity(
+                known.rows, known.cols, known.values, net.n_users, net.n_items,
+                k.co_rating_power, k.co_rating_shrink,
+            )  # fmt: skip
+        if k.co_rating_user > 0:
+            users = co_rating_affinity(
+                known.cols, known.rows, known.values, net.n_items, net.n_users,
+                k.co_rating_power, k.co_rating_shrink, what="users",
+            )  # fmt: skip
+        return Lines(
+            k.same_user, k.same_item, known, k.co_rating, items, k.co_rating_prior, k.co_rating_user, users
+        )
+
+    def _known_field(self, scale: float) -> KnownField:
+        known, net = self.known, self.network
+        probs = net.probabilities(known.rows, known.cols) if self.kernel.known == "predicted" else None
+        return known_field(
+            self.user_lifted,
+            self.item_lifted,
+            known.rows,
+            known.cols,
+            probs,
+            nearest_level(known.values, net.levels),
+            self.compat,
+            self.crf.gamma,
+            self.crf.layers,
+            self.kernel.scaling,
+            scale,
+            self.kernel.known,
+            self.lines,
+        )
+
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
+        """Final distributions of the queried entries (rows[k], cols[k]), attached to the known field and
+        mixed with the bias baseline when output.baseline > 0: (K, p)."""
+        dist = query_distributions(
+            self.field,
+            self.user_lifted,
+            self.item_lifted,
+            rows,
+            cols,
+            query_probs,
+            self.crf.gamma,
+            self.lines,
+        )
+        if self.biases is None:
+            return dist
+        mu, user_bias, item_bias = self.biases
+        baseline = mu + user_bias[rows] + item_bias[cols]
+        return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
+
+
+def check_settings(kernel: KernelSettings, n_users: int, n_items: int) -> None:
+    """Refuse (ConfigError), before any array is loaded, kernel settings the matrix is too large for."""
+    tables = [("inference.kernel.co_rating", kernel.co_rating, n_items, "items")]
+    tables.append(("inference.kernel.co_rating_user", kernel.co_rating_user, n_users, "users"))
+    for name, weight, count, what in tables:
+        if weight > 0:
+            try:
+                check_co_rating_size(count, what)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (set {name}=0)") from None

@@ -45,14 +45,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.artifact import ArtifactError, read_config, verify
     from model.config import ConfigError
-    from service.scoring import check_inference, effective_inference
+    from model.scorers import check_inference
+    from service.scoring import effective_inference
     from service.settings import Settings
 
     try:
         settings = Settings()
         verify(settings.artifacts)
         model_config, stored = read_config(settings.artifacts)
-        check_inference(effective_inference(stored, settings), model_config.n_users, model_config.n_items)
+        check_inference(effective_inference(stored, settings), model_config)
     except ValidationError as exc:
         print(f"dcmc serve: error: invalid settings: {exc}", file=sys.stderr)
         return 2

@@ -22,7 +22,6 @@ def _load(settings: Settings, metrics: Metrics) -> Scorer:
     """Verify and load the artifact, precompute, and seed the cache tiers (runs in a thread)."""
     artifact = load_artifact(settings.artifacts)  # ArtifactError stops start-up
     scorer = Scorer(artifact, settings, metrics)
-    scorer.warm_up()
     outcome = scorer.populate()
     log.info("embedding tiers seeded: %s", outcome)
     return scorer

@@ -10,75 +10,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
-from model import exact
 from model.artifact import Artifact
-from model.config import EXACT_SETTINGS, ConfigError, InferenceConfig
-from model.engine import OnnxNetwork, expected_rating, label_probabilities, predict_entries
+from model.config import InferenceConfig
+from model.engine import OnnxNetwork, expected_rating, label_probabilities
+from model.scorers import artifact_scorer, check_inference
 from service.cache import EmbeddingStore, Kind, LocalTier, RedisTier
 from service.metrics import Metrics
-from service.settings import Settings
+from service.settings import Settings, inference_overrides
 
 log = logging.getLogger(__name__)
 
 
-class _Ratings:
-    """The known ratings as compressed rows, to rebuild dense rating rows/columns for the ONNX branches."""
-
-    def __init__(
-        self, major: np.ndarray, minor: np.ndarray, values: np.ndarray, n_major: int, n_minor: int
-    ) -> None:
-        order = np.argsort(major, kind="stable")
-        self.indptr = np.searchsorted(major[order], np.arange(n_major + 1))
-        self.minor = minor[order]
-        self.values = values[order].astype(np.float32)
-        self.width = n_minor
-
-    def dense(self, idx: np.ndarray) -> np.ndarray:
-        """Dense rating vectors (0 = not rated) of the given rows: (b, width) float32."""
-        out = np.zeros((len(idx), self.width), dtype=np.float32)
-        for j, i in enumerate(idx):
-            lo, hi = self.indptr[i], self.indptr[i + 1]
-            out[j, self.minor[lo:hi]] = self.values[lo:hi]
-        return out
-
-
-INFERENCE_OVERRIDES = (
-    "repeats",
-    "subset_rows",
-    "subset_cols",
-    "seed",
-    *(name for name in EXACT_SETTINGS if name != "gamma"),
-)
-"""Settings that override the artifact's InferenceConfig field of the same name (`gamma` is the model's)."""
-
-
 def effective_inference(stored: InferenceConfig, settings: Settings) -> InferenceConfig:
-    """The artifact's inference setting with the service's overrides applied."""
-    changes: dict[str, Any] = {
-        k: getattr(settings, k) for k in INFERENCE_OVERRIDES if getattr(settings, k) is not None
-    }
-    if settings.inference_mode is not None:
-        changes["mode"] = settings.inference_mode
-    return replace(stored, **changes)
-
-
-def check_inference(inference: InferenceConfig, n_users: int, n_items: int) -> None:
-    """Refuse, before any worker starts, a setting the model cannot run (ConfigError)."""
-    if inference.mode != "exact":
-        return
-    tables = [("DCMC_CO_RATING", inference.co_rating, n_items, "items")]
-    tables.append(("DCMC_CO_RATING_USER", inference.co_rating_user, n_users, "users"))
-    for variable, weight, count, what in tables:
-        if weight > 0:
-            try:
-                exact.check_co_rating_size(count, what)
-            except ConfigError as exc:
-                raise ConfigError(f"{exc} (set {variable}=0)") from None
+    """The artifact's inference setting with the service's overrides (DCMC_INFERENCE__...) applied."""
+    return stored.with_overrides(inference_overrides(settings))
 
 
 class Scorer:
@@ -87,17 +35,22 @@ class Scorer:
     def __init__(self, artifact: Artifact, settings: Settings, metrics: Metrics) -> None:
         self.artifact = artifact
         self.version = artifact.model_version
-        config = artifact.config
-        overrides = (("mf_layers", settings.mf_layers), ("gamma", settings.gamma))
-        model_changes = {k: v for k, v in overrides if v is not None}
-        self.model_config = replace(config, **model_changes)
+        self.model_config = artifact.config
         self.inference = effective_inference(artifact.inference, settings)
-        self.model = artifact.scoring_model(self.model_config)
+        check_inference(self.inference, self.model_config)
         self.levels = artifact.levels
         self.onnx = OnnxNetwork(artifact.path, threads=settings.onnx_threads)
-        n, m = len(artifact.users), len(artifact.items)
-        self._by_user = _Ratings(artifact.train_rows, artifact.train_cols, artifact.train_values, n, m)
-        self._by_item = _Ratings(artifact.train_cols, artifact.train_rows, artifact.train_values, m, n)
+        # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
+        start = time.perf_counter()
+        self.network, self.crf = artifact_scorer(artifact, self.inference)
+        source = getattr(self.crf, "field_source", None)
+        log.info(
+            "model %s ready in %.2fs (inference %s%s)",
+            self.version,
+            time.perf_counter() - start,
+            self.inference.mode,
+            f", known field {source}" if source else "",
+        )
         self._onnx_lock = threading.Lock()
         self._engine_lock = threading.Lock()
         self._last_probe = 0.0
@@ -122,24 +75,6 @@ class Scorer:
         )
 
     # -- start-up ----------------------------------------------------------------------------------------
-    def warm_up(self) -> None:
-        """Per-model precomputation, so that no request pays for it."""
-        start = time.perf_counter()
-        if self.inference.mode == "paper" and self.model_config.mf_layers > 0:
-            self.model.partitions(self.inference)
-        if self.inference.mode == "exact" and self.model_config.mf_layers > 0:
-            stored = self.model.has_field(self.inference)
-            self.model.known_field(self.inference)
-            log.info("known field of the exact mode %s", "read from the artifact" if stored else "computed")
-            if self.inference.baseline > 0:
-                self.model.biases(self.inference)
-        log.info(
-            "model %s ready in %.2fs (inference %s)",
-            self.version,
-            time.perf_counter() - start,
-            self.inference,
-        )
-
     def populate(self) -> str:
         """Seed the tiers: Redis gets every embedding (once per version), else the local tier does."""
         tables: dict[Kind, tuple[list[str], np.ndarray]] = {
@@ -177,8 +112,8 @@ class Scorer:
         """Embeddings through the ONNX row/column branch from the known ratings: (b, d) float32."""
         with self._onnx_lock:
             if kind == "user":
-                return self.onnx.embed_users(self._by_user.dense(idx))
-            return self.onnx.embed_items(self._by_item.dense(idx))
+                return self.onnx.embed_users(self.artifact.train.dense_rows(idx))
+            return self.onnx.embed_items(self.artifact.train.dense_cols(idx))
 
     def predict(self, user: int, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected ratings (K,) and label distributions (K, p) of (user, items[k])."""
@@ -190,14 +125,14 @@ class Scorer:
         probs = label_probabilities(
             user_vec.astype(np.float64),
             item_vecs.astype(np.float64),
-            self.model.bilinear,
+            self.network.bilinear,
             np.zeros(k, dtype=np.int64),
             np.arange(k),
         )
         # One mean-field run at a time per worker: the batches are large numpy arrays, and threads running
         # them side by side thrash memory without adding throughput (workers use the cores).
         with self._engine_lock:
-            dist = predict_entries(self.model, rows, items, self.inference, query_probs=probs)
+            dist = self.crf.predict(rows, items, probs)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist
 
@@ -206,7 +141,7 @@ class Scorer:
         (vec,) = self.store.lookup([("user", np.array([user]))])
         unit = vec[0].astype(np.float64)
         unit = unit / max(float(np.linalg.norm(unit)), 1e-12)
-        scores = (1.0 + self.model.user_unit @ unit) / 2.0  # (n,)
+        scores = (1.0 + self.network.user_unit @ unit) / 2.0  # (n,)
         scores[user] = -np.inf
         k = min(k, len(scores) - 1)
         top = np.argpartition(-scores, k - 1)[:k] if k > 0 else np.empty(0, dtype=np.int64)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,7 +17,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """Service settings; every field is read from `DCMC_<NAME>` unless it says otherwise."""
 
-    model_config = SettingsConfigDict(env_prefix="DCMC_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="DCMC_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
 
     artifacts: Path = Path("artifacts/current")
     """Artifact directory to serve (set by `dcmc serve --artifacts`)."""
@@ -35,47 +37,10 @@ class Settings(BaseSettings):
     """Largest `items` list accepted by POST /predict."""
     max_k: PositiveInt = 100
     """Largest `k` accepted by GET /similar-users/{id}."""
-    inference_mode: Literal["paper", "none", "exact"] | None = None
-    """Override of the artifact's inference mode: `paper` (mean-field over random subsets), `exact`
-    (mean-field over every known entry with exact linear-time messages) or `none` (base network)."""
-    scaling: Literal["sum", "scaled", "normalized"] | None = None
-    """`exact` only: override of the message scaling."""
-    known: Literal["predicted", "clamped"] | None = None
-    """`exact` only: override of how known entries enter the CRF (updated, or fixed to their ratings)."""
-    tau: float | None = Field(default=None, gt=0)
-    """`exact` only: override of the compatibility's truncation tau."""
-    same_user: float | None = Field(default=None, ge=0)
-    """`exact` only: override of the weight of the kernel's same-user term."""
-    same_item: float | None = Field(default=None, ge=0)
-    """`exact` only: override of the weight of the kernel's same-item term."""
-    co_rating: float | None = Field(default=None, ge=0)
-    """`exact` only: override of the weight of the kernel's co-rating term (item-based kNN)."""
-    co_rating_power: float | None = Field(default=None, gt=0)
-    """`exact` only: override of the exponent q of the co-rating weights."""
-    co_rating_shrink: float | None = Field(default=None, gt=0)
-    """`exact` only: override of the shrinkage s of the co-rating similarities."""
-    co_rating_user: float | None = Field(default=None, ge=0)
-    """`exact` only: override of the weight of the kernel's user-based co-rating term (user-based kNN)."""
-    co_rating_prior: float | None = Field(default=None, ge=0)
-    """`exact` only: override of the pseudo-count c in the co-rating terms' normaliser."""
-    baseline: float | None = Field(default=None, ge=0, le=1)
-    """`exact` only: override of the weight w of the bias baseline mixed into the final distributions."""
-    baseline_user_shrink: float | None = Field(default=None, gt=0)
-    """`exact` only: override of the ridge penalty of the baseline's user biases."""
-    baseline_item_shrink: float | None = Field(default=None, gt=0)
-    """`exact` only: override of the ridge penalty of the baseline's item biases."""
-    repeats: PositiveInt | None = None
-    """Override of R, the number of random partitions averaged."""
-    subset_rows: PositiveInt | None = None
-    """Override of the rows per random subset."""
-    subset_cols: PositiveInt | None = None
-    """Override of the columns per random subset."""
-    seed: int | None = None
-    """Override of the seed of the random partitions."""
-    mf_layers: int | None = Field(default=None, ge=0)
-    """Override of T, the number of mean-field layers."""
-    gamma: float | None = Field(default=None, ge=0)
-    """Override of gamma, the weight of the pairwise term."""
+    inference: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of the artifact's inference settings, nested by group: `DCMC_INFERENCE__MODE=exact`,
+    `DCMC_INFERENCE__CRF__GAMMA=2`, `DCMC_INFERENCE__KERNEL__CO_RATING=0` (names and meanings in
+    docs/inference.md; an unknown name stops start-up with the list of valid ones)."""
     onnx_threads: PositiveInt = 1
     """ONNX Runtime intra-op threads per worker (for embeddings recomputed on a cache miss)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -89,3 +54,18 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process's Settings, read from the environment once."""
     return Settings()
+
+
+def inference_overrides(settings: Settings) -> dict[str, Any]:
+    """The nested `inference` overrides as dotted names: {"crf": {"gamma": "2"}} -> {"crf.gamma": "2"}."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(f"{prefix}.{key.lower()}" if prefix else key.lower(), sub)
+        else:
+            out[prefix] = value
+
+    walk("", settings.inference)
+    return out

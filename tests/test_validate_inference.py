@@ -34,7 +34,16 @@ def carved_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
 
 def _run(artifact: Path, data: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, str(SCRIPT), "--artifacts", str(artifact), "--data-dir", str(data)]
-    cmd += ["--skip-paper", "--scalings", "normalized", "--known", "clamped", "--gammas", "0.1", *extra]
+    cmd += [
+        "--skip-paper",
+        "--grid",
+        "mode=exact",
+        "--grid",
+        "kernel.known=clamped",
+        "--grid",
+        "crf.gamma=0.1",
+    ]
+    cmd += extra
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

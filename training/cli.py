@@ -69,14 +69,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from model.config import EXACT_SETTINGS
     from training.evaluate import evaluate
 
-    names = ("repeats", "subset_rows", "subset_cols", *EXACT_SETTINGS)
-    overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    result = evaluate(
-        args.artifacts, args.data_dir, mode=args.inference, seed=args.seed, overrides=overrides, part=args.on
-    )
+    overrides = {}
+    for key, value in _settings(args.set).items():
+        group, dot, name = key.partition(".")
+        if group != "inference" or not dot:
+            raise ConfigError(
+                f"dcmc evaluate --set takes inference settings (inference.<group>.<name>), got {key!r}"
+            )
+        overrides[name] = value
+    result = evaluate(args.artifacts, args.data_dir, overrides=overrides, part=args.on)
     print(json.dumps(result))
     return 0
 
@@ -164,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a ModelConfig/TrainConfig field, e.g. --set gamma=0.01 (repeatable)",
+        help="override a ModelConfig/TrainConfig field, e.g. --set gamma=0.01, or the artifact's inference "
+        "setting, e.g. --set inference.crf.gamma=2 (repeatable)",
     )
     t.add_argument("--checkpoint-dir", help="where checkpoints go (default: OUT.ckpt beside OUT)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
@@ -177,63 +181,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--artifacts", required=True)
     e.add_argument("--data-dir", required=True)
-    e.add_argument("--inference", choices=("paper", "none", "exact"), help="default: the artifact's setting")
     e.add_argument(
         "--on",
         choices=("test", "val"),
         default="test",
         help="held-out entries to score: the test split (default) or the validation entries",
     )
-    e.add_argument("--scaling", choices=("sum", "scaled", "normalized"), help="exact: message scaling")
-    e.add_argument("--known", choices=("predicted", "clamped"), help="exact: how known entries enter")
-    e.add_argument("--gamma", type=float, help="weight of the pairwise term at test time")
-    e.add_argument("--tau", type=float, help="exact: truncation of the label compatibility at test time")
     e.add_argument(
-        "--same-user",
-        type=float,
-        help="exact: weight of the kernel's same-user term (0 = the model's kernel)",
+        "--set",
+        action="append",
+        default=[],
+        metavar="inference.GROUP.NAME=VALUE",
+        help="override an inference setting of the artifact, e.g. --set inference.mode=exact "
+        "--set inference.crf.gamma=2 (repeatable; docs/inference.md lists them)",
     )
-    e.add_argument(
-        "--same-item",
-        type=float,
-        help="exact: weight of the kernel's same-item term (0 = the model's kernel)",
-    )
-    e.add_argument(
-        "--co-rating",
-        type=float,
-        help="exact: weight of the kernel's co-rating term, item-based kNN on the query's row (0 = off)",
-    )
-    e.add_argument("--co-rating-power", type=float, help="exact: exponent q of the co-rating weights")
-    e.add_argument(
-        "--co-rating-shrink",
-        type=float,
-        help="exact: shrinkage s of the co-rating similarities, rho x n / (n + s) for n co-raters",
-    )
-    e.add_argument(
-        "--co-rating-user",
-        type=float,
-        help="exact: weight of the kernel's user-based co-rating term, user-based kNN on the query's column",
-    )
-    e.add_argument(
-        "--co-rating-prior",
-        type=float,
-        help="exact, normalized: pseudo-count c added to the co-rating weights in the normaliser (0 = none)",
-    )
-    e.add_argument(
-        "--baseline",
-        type=float,
-        help="exact: weight w in [0, 1] of the bias baseline mixed into the final distributions (0 = off)",
-    )
-    e.add_argument(
-        "--baseline-user-shrink", type=float, help="exact: ridge penalty of the baseline's user biases"
-    )
-    e.add_argument(
-        "--baseline-item-shrink", type=float, help="exact: ridge penalty of the baseline's item biases"
-    )
-    e.add_argument("--seed", type=int, help="seed of the random subsets")
-    e.add_argument("--repeats", type=int, help="number of random partitions averaged")
-    e.add_argument("--subset-rows", type=int)
-    e.add_argument("--subset-cols", type=int)
     e.set_defaults(func=_cmd_evaluate)
 
     d = sub.add_parser("data", help="dataset utilities")

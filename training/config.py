@@ -106,9 +106,8 @@ _DATASET = {
     "csv": {"tau": 12.0, "sigma2": 3.5, "block": (128, 256)},
 }
 
-# Default schedules (epochs, halve-every), picked on validation entries carved from the training set
-# (see benchmarks/results/validation.md): longer training at the paper's halving period keeps improving
-# ML-100K, Douban's validation RMSE is flat after ~25 epochs and Flixster's rises after ~20 (overfitting).
+# Default schedules (epochs, halve-every), chosen on validation entries carved from the training set; the
+# record of what was tried is benchmarks/results/validation.md.
 _DEFAULT_EPOCHS = {
     "ml-100k": (100, 25),
     "douban": (25, 10),
@@ -118,91 +117,61 @@ _DEFAULT_EPOCHS = {
     "csv": (60, 20),
 }
 
-
-# The default preset publishes an exponential moving average of the weights (horizon ~100 steps, about two
-# epochs): on validation it never did worse than the live weights and was better at the end of training on
-# ML-100K (0.8835 against 0.8853) and Douban (0.7315 against 0.7321); Flixster tied (benchmarks/results/
-# validation.md). Slower averages (0.998) lag behind on the short Flixster and Douban schedules.
+# The default preset publishes an exponential moving average of the weights (horizon ~100 steps).
 _DEFAULT_EMA = 0.99
 
-# The default preset holds out 1% of the training entries, not 5%: enough for the progress bar's validation
-# RMSE, while the network trains on nearly all the ratings. Going from 90% to 95% of ML-100K's training
-# entries improved the network's validation RMSE by 0.0024 (seed 0) and 0.0009 (seed 1) on the same held-out
-# ratings (benchmarks/results/validation.md). The schedules and inference settings above were chosen with
-# 5% held out (`--set val_fraction=0.05`), which is what every validation experiment keeps using.
+# The default preset holds out 1% of the training entries: enough for the progress bar's validation RMSE,
+# while the network trains on nearly all the ratings. Validation experiments hold out TUNING_VAL_FRACTION.
 _DEFAULT_VAL_FRACTION = 0.01
 TUNING_VAL_FRACTION = 0.05
 """The held-out share of every validation experiment (benchmarks/validate.py, ema_probe.py)."""
 
-# The similarity loss's weight beta in the default preset, where it is not the paper's 1.5. On ML-100K, with
-# beta = 0 the network scored better on validation in both seeds tried, alone (0.8828 against 0.8854, 0.8733
-# against 0.8759) and under the default inference (0.8752 against 0.8775, 0.8669 against 0.8683); the
-# paper-literal sweeps found beta = 0 best as well (benchmarks/results/validation.md, experiments.md). On
-# Flixster both seeds gained too, less under the default inference (0.8520 against 0.8524, 0.8464 against
-# 0.8476). On Douban the two seeds disagreed, and YahooMusic was not tried: both keep 1.5.
+# Where the default preset's similarity-loss weight beta and input dropout differ from the paper's.
 _DEFAULT_BETA = {"ml-100k": 0.0, "flixster": 0.0}
-
-# Dropout on the rating rows and columns the branches read (`input_dropout`, not in the paper), where the
-# default preset uses it. ML-100K, beta = 0, 5% held out, default inference, seeds 0-2: 0.8745, 0.8656,
-# 0.8787 with 0.1, against 0.8752, 0.8669, 0.8816 without (0.8744 and 0.8662 with 0.25, seeds 0-1). On
-# Flixster 0.1 did worse in both seeds tried (0.8565 and 0.8503 against 0.8487 and 0.8456), and so it did on
-# YahooMusic (20.93 and 19.27 against 20.87 and 19.26).
 _DEFAULT_INPUT_DROPOUT = {"ml-100k": 0.1}
 
 
-# Default test-time inference, chosen on validation entries (benchmarks/results/validation.md). Everywhere
-# the CRF runs over every known rating clamped to its label, with normalized messages (model/exact.py).
-# On YahooMusic and Flixster the kernel's same-user and same-item terms put the weight on the query's own
-# row and column; YahooMusic also lifts the paper's tau = 100, which truncates its 1..100 scale at 10
-# points (tau above 99^2 truncates nothing). Validation RMSE, mean over 5 (YahooMusic) and 3 (Flixster)
-# seeds: 19.47 against 23.04 for the base network alone, and 0.8543 against 0.8627. On Flixster the
-# co-rating term (item-based kNN on the query's row) adds to the line terms: 0.8500 against 0.8525, mean of
-# seeds 0 and 1. On ML-100K and Douban only the co-rating terms made mean-field beat the network: the
-# item-based one and its user-based mirror (kNN on the query's column), both at weight 1e10 so that they
-# decide wherever the query has positively co-rated neighbours, with a pseudo-count c that keeps a query
-# with few or weakly similar neighbours closer to the network. ML-100K, mean of seeds 0-2: 0.8758 against
-# 0.8779 for the item-based term alone (gamma 0.1, q 3, shrinkage 10, no pseudo-count) and 0.8824 for the
-# network; Douban, seeds 0 and 1: 0.7178 against 0.7219 and 0.7254. On Flixster's beta = 0 models a third
-# of these weights scored 0.8498 against 0.8506 on the mean of seeds 0-2, but seed 0 preferred these; it was
-# adopted, did worse on test in every seed, and was withdrawn (benchmarks/results/validation.md). Flixster
-# also lifts tau = 12, which truncates its 0.5..5 scale at 3.5 stars (tau above 4.5^2 truncates nothing),
-# and with it gamma 3 -> 1: 0.8508 against 0.8528 on the mean of seeds 0-2 (beta 0), better in each seed.
-# YahooMusic adds the item-based co-rating term too, lighter (lambda_r 5e4, q 0.75): 19.36 against 19.46 on
-# the mean of seeds 0-4, better in each seed.
-# On these two, the sparsest matrices, the CRF's distribution is then mixed with a ridge bias baseline
-# (model/exact.py; penalties 2 for users and 5 for items): Flixster w = 0.4, 0.8466 against 0.8508 on the
-# mean of seeds 0-2; YahooMusic w = 0.7, 19.11 against 19.36 on the mean of seeds 0-4; better in each seed.
-# The baseline alone scores 0.8580 and 19.15 there; ML-100K and Douban lose or stay level with it.
-def _clamped(**kernel: float) -> InferenceConfig:
+def _exact(
+    crf: dict[str, float], kernel: dict[str, float], output: dict[str, float] | None = None
+) -> InferenceConfig:
     """`exact` over every known rating clamped to its label, with normalized messages."""
-    return InferenceConfig(mode="exact", scaling="normalized", known="clamped", **kernel)
+    return InferenceConfig.from_dict(
+        {
+            "mode": "exact",
+            "crf": crf,
+            "kernel": {"scaling": "normalized", "known": "clamped", **kernel},
+            "output": output or {},
+        }
+    )
 
 
-def _co_rated(**settings: float) -> InferenceConfig:
-    """`exact` with the item- and user-based co-rating terms deciding wherever they have neighbours."""
-    return _clamped(co_rating=1e10, co_rating_user=1e10, **settings)
-
-
+# Default test-time inference per dataset, chosen on validation entries (benchmarks/results/validation.md
+# records the choices and docs/inference.md explains the terms). The co-rating weights of 1e10 make those
+# terms decide wherever a query has positively co-rated neighbours.
 _DEFAULT_INFERENCE = {
-    "ml-100k": _co_rated(gamma=1.0, co_rating_power=5.0, co_rating_prior=0.01, co_rating_shrink=1.0),
-    "douban": _co_rated(gamma=1.5, co_rating_power=2.0, co_rating_prior=0.03),
-    "yahoo_music": _clamped(
-        gamma=3.0,
-        tau=1e4,
-        same_user=1000.0,
-        same_item=100.0,
-        co_rating=5e4,
-        co_rating_power=0.75,
-        baseline=0.7,
+    "ml-100k": _exact(
+        {"gamma": 1.0},
+        {
+            "co_rating": 1e10,
+            "co_rating_user": 1e10,
+            "co_rating_power": 5.0,
+            "co_rating_prior": 0.01,
+            "co_rating_shrink": 1.0,
+        },
     ),
-    "flixster": _clamped(
-        gamma=1.0,
-        tau=1e4,
-        same_user=10000.0,
-        same_item=1000.0,
-        co_rating=1e8,
-        co_rating_power=3.0,
-        baseline=0.4,
+    "douban": _exact(
+        {"gamma": 1.5},
+        {"co_rating": 1e10, "co_rating_user": 1e10, "co_rating_power": 2.0, "co_rating_prior": 0.03},
+    ),
+    "yahoo_music": _exact(
+        {"gamma": 3.0, "tau": 1e4},
+        {"same_user": 1000.0, "same_item": 100.0, "co_rating": 5e4, "co_rating_power": 0.75},
+        {"baseline": 0.7},
+    ),
+    "flixster": _exact(
+        {"gamma": 1.0, "tau": 1e4},
+        {"same_user": 10000.0, "same_item": 1000.0, "co_rating": 1e8, "co_rating_power": 3.0},
+        {"baseline": 0.4},
     ),
 }
 
@@ -227,7 +196,9 @@ def preset(dataset: str, name: str = "default") -> Preset:
             sigma2=ds["sigma2"],
             train_mf=True,
         )
-        inference = InferenceConfig(mode="paper", subset_rows=32, subset_cols=64, repeats=10)
+        inference = InferenceConfig.from_dict(
+            {"mode": "paper", "paper": {"subset_rows": 32, "subset_cols": 64, "repeats": 10}}
+        )
     elif name == "default":
         epochs, halve = _DEFAULT_EPOCHS[dataset]
         train = TrainConfig(
@@ -256,7 +227,9 @@ def preset(dataset: str, name: str = "default") -> Preset:
             train_mf=True,
             checkpoint_every=10,
         )
-        inference = InferenceConfig(mode="paper", subset_rows=8, subset_cols=8, repeats=3)
+        inference = InferenceConfig.from_dict(
+            {"mode": "paper", "paper": {"subset_rows": 8, "subset_cols": 8, "repeats": 3}}
+        )
     return Preset(model=model, train=train, inference=inference)
 
 

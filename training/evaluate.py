@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from model.artifact import Artifact, load_artifact
-from model.config import EXACT_SETTINGS, InferenceConfig
-from model.engine import expected_rating, predict_entries
+from model.config import InferenceConfig
+from model.engine import expected_rating
+from model.scorers import artifact_scorer, predict_distributions
 from training.data import DataError, Entries, RatingSplit, carve_validation, load_dataset
 
 
@@ -33,8 +33,8 @@ def predict_ratings(
 ) -> np.ndarray:
     """Expected ratings of artifact-indexed entries under `inference`; `include_held_out=False` when
     scoring the held-out validation ratings themselves (they must not be known ratings then)."""
-    probs = predict_entries(artifact.scoring_model(include_held_out=include_held_out), rows, cols, inference)
-    return expected_rating(probs, artifact.levels)
+    network, scorer = artifact_scorer(artifact, inference, include_held_out)
+    return expected_rating(predict_distributions(network, scorer, rows, cols), artifact.levels)
 
 
 def held_out(artifact: Artifact, split: RatingSplit, part: str) -> Entries:
@@ -60,22 +60,16 @@ def evaluate(
     artifact_dir: str | Path,
     data_dir: str | Path,
     *,
-    mode: str | None = None,
-    seed: int | None = None,
     overrides: dict[str, Any] | None = None,
     part: str = "test",
 ) -> dict[str, Any]:
-    """RMSE and MAE of the artifact on its test (or validation) entries; returns a JSON-ready dict."""
+    """RMSE and MAE of the artifact on its test (or validation) entries; returns a JSON-ready dict.
+    `overrides`: inference settings by dotted name (`crf.gamma`), applied to the artifact's."""
     artifact = load_artifact(artifact_dir)
     ds = artifact.meta["dataset"]
     split = load_dataset(ds["name"], data_dir, split=ds.get("split", "u1"), seed=ds.get("seed", 0))
     entries = held_out(artifact, split, part)
-    changes: dict[str, Any] = dict(overrides or {})
-    if mode is not None:
-        changes["mode"] = mode
-    if seed is not None:
-        changes["seed"] = seed
-    inference = replace(artifact.inference, **changes)
+    inference = artifact.inference.with_overrides(overrides or {})
     rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
     t0 = time.perf_counter()
     pred = predict_ratings(artifact, rows, cols, inference, include_held_out=part != "val")
@@ -90,10 +84,6 @@ def evaluate(
         "rmse": float(np.sqrt(np.mean(err**2))),
         "mae": float(np.mean(np.abs(err))),
         "n": len(err),
-        "seed": inference.seed,
-        "subset_rows": inference.subset_rows,
-        "subset_cols": inference.subset_cols,
-        "repeats": inference.repeats,
-        **({k: getattr(inference, k) for k in EXACT_SETTINGS} if inference.mode == "exact" else {}),
+        "settings": {k: v for k, v in inference.to_dict().items() if k == "mode" or inference.reads(k)},
         "seconds": round(seconds, 3),
     }

@@ -12,10 +12,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.artifact import HELD_OUT, KNOWN_FIELD, artifact_writer, save_known_field
+from model.artifact import HELD_OUT, artifact_writer, save_known_field
 from model.config import InferenceConfig, ModelConfig
-from model.engine import OnnxNetwork, ScoringModel
+from model.engine import Network, OnnxNetwork
+from model.exact import ExactScorer
 from model.network import DCMC
+from model.ratings import Ratings
+from model.scorers import build_scorer
 from training.data import Entries
 from training.errors import ExportError
 from training.trainer import RatingMatrix, embed_all
@@ -102,17 +105,20 @@ def write_known_field(
     inference: InferenceConfig,
 ) -> None:
     """Precompute the `exact` field of every known entry (the service's per-version G_u), from exactly the
-    float32 arrays the artifact stores, so it equals what a loader would compute."""
-    scoring = ScoringModel(
-        config=cfg,
-        user_emb=np.asarray(user_emb, np.float32).astype(np.float64),
-        item_emb=np.asarray(item_emb, np.float32).astype(np.float64),
-        bilinear=bilinear.astype(np.float64),
-        known_rows=known.rows.astype(np.int64),
-        known_cols=known.cols.astype(np.int64),
-        known_values=known.values.astype(np.float64),
+    float32 arrays the artifact stores, so it equals what a loader would compute. Other modes need none."""
+    if inference.mode != "exact":
+        return
+    network = Network(
+        cfg,
+        np.asarray(user_emb, np.float32),
+        np.asarray(item_emb, np.float32),
+        np.asarray(bilinear, np.float32),
     )
-    save_known_field(directory / KNOWN_FIELD, scoring.field_key(inference), scoring.known_field(inference))
+    ratings = Ratings(known.rows, known.cols, known.values, cfg.n_users, cfg.n_items)
+    scorer = build_scorer(network, ratings, inference)
+    if isinstance(scorer, ExactScorer):
+        field = scorer.field
+        save_known_field(directory, scorer.key.to_json(), field.g, field.h, field.t)
 
 
 def write_artifact(

@@ -19,22 +19,30 @@ from training.trainer import train
 log = logging.getLogger(__name__)
 
 
-def split_overrides(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Route `key=value` overrides to ModelConfig or TrainConfig fields, converting types."""
+def split_overrides(
+    settings: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Route `key=value` overrides to ModelConfig or TrainConfig fields, converting types, or (keys
+    `inference.<group>.<name>`) to the artifact's inference settings."""
     model_fields = {f.name: f for f in fields(ModelConfig)}
     train_fields = {f.name: f for f in fields(TrainConfig)}
     model: dict[str, Any] = {}
     train: dict[str, Any] = {}
+    inference: dict[str, Any] = {}
     for key, raw in settings.items():
+        if key.startswith("inference."):
+            inference[key.removeprefix("inference.")] = raw
+            continue
         if key in ("n_users", "n_items", "levels"):
             raise ConfigError(f"{key} comes from the data and cannot be set")
         target, known = (model, model_fields) if key in model_fields else (train, train_fields)
         if key not in known:
             raise ConfigError(
-                f"unknown setting {key!r}; model: {sorted(model_fields)}, train: {sorted(train_fields)}"
+                f"unknown setting {key!r}; model: {sorted(model_fields)}, train: {sorted(train_fields)}, "
+                "inference: inference.<group>.<name> (docs/inference.md)"
             )
         target[key] = _convert(key, raw, str(known[key].type))
-    return model, train
+    return model, train, inference
 
 
 def _convert(key: str, raw: Any, type_name: str) -> Any:
@@ -73,7 +81,8 @@ def run_training(
 ) -> dict[str, Any]:
     """Load data, train, and (on rank 0) write the artifact; returns the training metrics."""
     chosen = preset(dataset, preset_name)
-    model_over, train_over = split_overrides(settings or {})
+    model_over, train_over, inference_over = split_overrides(settings or {})
+    inference = chosen.inference.with_overrides(inference_over)
     if epochs is not None:
         train_over["epochs"] = epochs
     if seed is not None:
@@ -136,7 +145,7 @@ def run_training(
             held_out=val_entries,
             user_ids=data.user_ids,
             item_ids=data.item_ids,
-            inference=chosen.inference,
+            inference=inference,
             train_config={**train_cfg.to_dict(), "preset": preset_name},
             dataset={"name": dataset, "split": split, "seed": data_seed},
             metrics=metrics,

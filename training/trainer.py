@@ -25,6 +25,7 @@ from tqdm import tqdm
 from model.config import ModelConfig
 from model.engine import nearest_level
 from model.network import DCMC
+from model.ratings import Ratings
 from training.data import Entries
 from training.errors import TrainingError
 
@@ -52,23 +53,23 @@ class History:
 
 
 class RatingMatrix:
-    """The training ratings as sparse rows (for the row branch) and columns (for the column branch)."""
+    """The training ratings as the trainer reads them: dense input rows (row branch) and columns (column
+    branch) from the one index of known ratings (model.ratings.Ratings), and the observed entries of a
+    block through a scipy view of the same compressed rows."""
 
     def __init__(self, n_users: int, n_items: int, entries: Entries) -> None:
-        coo = sp.coo_matrix(
-            (entries.values.astype(np.float32), (entries.rows, entries.cols)), shape=(n_users, n_items)
-        )
-        self.by_row = coo.tocsr()
-        self.by_col = coo.T.tocsr()
+        self.ratings = Ratings(entries.rows, entries.cols, entries.values, n_users, n_items)
+        data, indices, indptr = self.ratings.csr_arrays("row")
+        self.by_row = sp.csr_matrix((data.astype(np.float32), indices, indptr), shape=(n_users, n_items))
         self.n_users, self.n_items = n_users, n_items
 
     def rows(self, idx: np.ndarray) -> torch.Tensor:
         """Dense rating rows: (len(idx), m)."""
-        return torch.from_numpy(self.by_row[idx].toarray())
+        return torch.from_numpy(self.ratings.dense_rows(idx))
 
     def cols(self, idx: np.ndarray) -> torch.Tensor:
         """Dense rating columns: (len(idx), n)."""
-        return torch.from_numpy(self.by_col[idx].toarray())
+        return torch.from_numpy(self.ratings.dense_cols(idx))
 
     def block(self, rows: np.ndarray, cols: np.ndarray) -> Block:
         """The observed entries of rows x cols."""

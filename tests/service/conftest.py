@@ -1,4 +1,5 @@
-"""Service fixtures: a real `dcmc serve` process over HTTP, real Redis servers, the tiny artifact."""
+"""Service fixtures: the app in process (FastAPI's TestClient over `create_app`, with its lifespan) and,
+for the end-to-end tests, a real `dcmc serve` process over HTTP; real Redis servers; the tiny artifact."""
 
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.settings import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 DCMC = str(Path(sys.executable).with_name("dcmc"))
@@ -42,6 +48,38 @@ def serve_argv(artifacts: Path | str, port: int, workers: int = 1) -> list[str]:
         "--workers",
         str(workers),
     ]
+
+
+def read_metric(client: httpx.Client | TestClient, name: str, **labels: str) -> float:
+    """The current value of one sample of /metrics (0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == (f"{name}{{{want}}}" if want else name):
+            return float(value)
+    return 0.0
+
+
+class App:
+    """The service in this process: `create_app(Settings(...))` behind a TestClient, lifespan included
+    (the artifact is loaded and the tiers seeded on entry), against the real Redis and ONNX Runtime."""
+
+    def __init__(self, artifacts: Path, **settings: Any) -> None:
+        self.settings = Settings(artifacts=artifacts, log_level="warning", **settings)
+        self.client = TestClient(create_app(self.settings))
+
+    def __enter__(self) -> App:
+        self.client.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.__exit__(*exc)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The current value of one sample of /metrics (0 when absent)."""
+        return read_metric(self.client, name, **labels)
 
 
 class Service:
@@ -77,14 +115,7 @@ class Service:
 
     def metric(self, name: str, **labels: str) -> float:
         """The current value of one sample of /metrics (0 when absent)."""
-        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        for line in self.client.get("/metrics").text.splitlines():
-            if line.startswith("#"):
-                continue
-            key, _, value = line.rpartition(" ")
-            if key == (f"{name}{{{want}}}" if want else name):
-                return float(value)
-        return 0.0
+        return read_metric(self.client, name, **labels)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s."""
@@ -159,6 +190,13 @@ def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
     keys = list(redis_client.scan_iter(f"{prefix}:*", count=1000))
     if keys:
         redis_client.delete(*keys)
+
+
+@pytest.fixture(scope="session")
+def app(tiny_artifact: Path, key_prefix: str, redis_client: redis.Redis) -> Iterator[App]:
+    """The service in process on the tiny artifact with the shared Redis."""
+    with App(tiny_artifact, redis_url=REDIS_URL, redis_key_prefix=key_prefix) as api:
+        yield api
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,8 @@ def test_missing_artifact_prevents_start_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("variable", "what"), [("DCMC_CO_RATING", "items"), ("DCMC_CO_RATING_USER", "users")]
+    ("variable", "what"),
+    [("DCMC_INFERENCE__KERNEL__CO_RATING", "items"), ("DCMC_INFERENCE__KERNEL__CO_RATING_USER", "users")],
 )
 def test_co_rating_on_too_many_items_prevents_start_up(
     tiny_artifact: Path,
@@ -45,8 +46,18 @@ def test_co_rating_on_too_many_items_prevents_start_up(
 ) -> None:
     # The m x m (or n x n) co-rating table is refused before any worker starts, in one line.
     monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
-    for name, value in {"DCMC_ARTIFACTS": "", "DCMC_INFERENCE_MODE": "exact", variable: "1"}.items():
+    for name, value in {"DCMC_ARTIFACTS": "", "DCMC_INFERENCE__MODE": "exact", variable: "1"}.items():
         monkeypatch.setenv(name, value)
     assert serve_main(["--artifacts", str(tiny_artifact)]) == 2
     err = capsys.readouterr().err
-    assert f"{what} exceed 5" in err and f"{variable}=0" in err and "Traceback" not in err
+    setting = variable.removeprefix("DCMC_").lower().replace("__", ".")
+    assert f"{what} exceed 5" in err and f"{setting}=0" in err and "Traceback" not in err
+
+
+def test_a_misspelt_inference_variable_prevents_start_up(
+    tiny_artifact: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DCMC_INFERENCE__CRF__GAMA", "1")
+    assert serve_main(["--artifacts", str(tiny_artifact)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown inference setting 'crf.gama'; valid: mode, crf.gamma" in err and "Traceback" not in err

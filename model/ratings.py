@@ -1,0 +1,97 @@
+"""The known ratings, indexed once by row and by column (torch-free).
+
+One structure serves every reader: the trainer's input rows and columns, the service's ONNX branches
+and the `exact` CRF's sums over a user's row or an item's column. Entries keep the order they were given
+in, so arrays aligned with that order (the known entries' distributions) stay aligned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from model.types import FloatArray, IntArray
+
+
+def ranges(starts: IntArray, counts: IntArray) -> tuple[IntArray, IntArray]:
+    """Concatenated aranges: (owner of each element, starts[owner] + offset inside its range)."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    offset = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, starts[owner] + offset
+
+
+class LineIndex:
+    """The entries grouped by one coordinate (a row or a column): `order[indptr[i]:indptr[i + 1]]` are the
+    positions of line i's entries, in their original order."""
+
+    def __init__(self, line: IntArray, n_lines: int) -> None:
+        self.order: IntArray = np.argsort(line, kind="stable")
+        self.indptr: IntArray = np.searchsorted(line[self.order], np.arange(n_lines + 1))
+
+    def of(self, line: int) -> IntArray:
+        """Positions of the entries on one line."""
+        return self.order[self.indptr[line] : self.indptr[line + 1]]
+
+    def counts(self, lines: IntArray) -> IntArray:
+        """Number of entries on each of `lines`."""
+        return self.indptr[lines + 1] - self.indptr[lines]
+
+    def members(self, lines: IntArray) -> tuple[IntArray, IntArray]:
+        """Entries on each of the distinct `lines` (grouped, in line order) and their counts."""
+        starts, counts = self.indptr[lines], self.counts(lines)
+        return self.order[ranges(starts, counts)[1]], counts
+
+
+@dataclass(frozen=True, eq=False)
+class Ratings:
+    """Ratings (rows[k], cols[k], values[k]) of an n_users x n_items matrix, indexed by row and column."""
+
+    rows: IntArray  # (N,) int64
+    cols: IntArray  # (N,) int64
+    values: FloatArray  # (N,) float64
+    n_users: int
+    n_items: int
+    by_row: LineIndex = field(init=False, repr=False)
+    by_col: LineIndex = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "cols"):
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.int64))
+        object.__setattr__(self, "values", np.asarray(self.values, dtype=np.float64))
+        if not len(self.rows) == len(self.cols) == len(self.values):
+            raise ValueError("rows, cols and values differ in length")
+        if len(self.rows) and (
+            self.rows.min() < 0
+            or self.rows.max() >= self.n_users
+            or self.cols.min() < 0
+            or self.cols.max() >= self.n_items
+        ):
+            raise ValueError(f"rating indices outside the {self.n_users} x {self.n_items} matrix")
+        object.__setattr__(self, "by_row", LineIndex(self.rows, self.n_users))
+        object.__setattr__(self, "by_col", LineIndex(self.cols, self.n_items))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def dense_rows(self, users: IntArray) -> np.ndarray:
+        """Dense rating rows (0 = not rated) of `users`: (b, n_items) float32, the row branch's input."""
+        return _dense(self.by_row, self.cols, self.values, users, self.n_items)
+
+    def dense_cols(self, items: IntArray) -> np.ndarray:
+        """Dense rating columns of `items`: (b, n_users) float32, the column branch's input."""
+        return _dense(self.by_col, self.rows, self.values, items, self.n_users)
+
+    def csr_arrays(self, by: str = "row") -> tuple[FloatArray, IntArray, IntArray]:
+        """(data, indices, indptr) of the matrix compressed by row (or, `by="col"`, of its transpose)."""
+        index, minor = (self.by_row, self.cols) if by == "row" else (self.by_col, self.rows)
+        return self.values[index.order], minor[index.order], index.indptr
+
+
+def _dense(index: LineIndex, minor: IntArray, values: FloatArray, lines: IntArray, width: int) -> np.ndarray:
+    lines = np.asarray(lines, dtype=np.int64)
+    out = np.zeros((len(lines), width), dtype=np.float32)
+    owner, pos = ranges(index.indptr[lines], index.counts(lines))
+    members = index.order[pos]
+    out[owner, minor[members]] = values[members]
+    return out

@@ -1,0 +1,89 @@
+"""One scorer per inference mode, built once from the network and the known ratings; a thin dispatch.
+
+    network  the base network alone (`none`, or T = 0)
+    paper    model/paper.py: CRFs over random blocks, averaged over partitions
+    exact    model/exact.py: the CRF over every known entry with exact messages
+
+Each scorer precomputes what it needs at construction and then answers `predict(rows, cols, probs)`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from model.artifact import Artifact, StoredField
+from model.config import ConfigError, InferenceConfig, ModelConfig, resolve_crf
+from model.engine import Network
+from model.exact import ExactScorer, check_settings
+from model.paper import PaperScorer
+from model.ratings import Ratings
+from model.types import FloatArray, IntArray
+
+
+class Scorer(Protocol):
+    """Final label distributions of queried entries, given their base-network probabilities."""
+
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
+        """(K, p) distributions of the entries (rows[k], cols[k])."""
+        ...
+
+
+class NetworkScorer:
+    """The base network alone: the query's own probabilities."""
+
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
+        """The base network's distributions, unchanged."""
+        return query_probs
+
+
+def build_scorer(
+    network: Network, known: Ratings, inference: InferenceConfig, stored: StoredField | None = None
+) -> PaperScorer | ExactScorer | NetworkScorer:
+    """The scorer of `inference.mode` with everything it precomputes; `stored`: the artifact's known
+    field, used by `exact` when it was computed for the same settings."""
+    crf = resolve_crf(network.config, inference.crf)
+    if inference.mode == "none" or crf.layers == 0:
+        return NetworkScorer()
+    if inference.mode == "paper":
+        return PaperScorer(network, known, crf, inference.paper, network.config.message_scaling)
+    p = inference.paper
+    scale = p.subset_rows * p.subset_cols / (network.n_users * network.n_items)
+    return ExactScorer(network, known, crf, inference.kernel, inference.output, scale, stored)
+
+
+def check_inference(inference: InferenceConfig, model: ModelConfig) -> None:
+    """Refuse (ConfigError), before any array is loaded, a setting the model cannot run."""
+    if inference.mode == "exact":
+        check_settings(inference.kernel, model.n_users, model.n_items)
+    elif inference.mode not in ("paper", "none"):
+        raise ConfigError(f"unknown inference mode {inference.mode!r}")
+
+
+def load_network(artifact: Artifact, config: ModelConfig | None = None) -> Network:
+    """The artifact's base network in float64 (`config` may replace its model config)."""
+    return Network(
+        config or artifact.config, artifact.user_embeddings, artifact.item_embeddings, artifact.bilinear
+    )
+
+
+def artifact_scorer(
+    artifact: Artifact, inference: InferenceConfig | None = None, include_held_out: bool = True
+) -> tuple[Network, PaperScorer | ExactScorer | NetworkScorer]:
+    """The network and the scorer of an artifact under `inference` (default: its own setting).
+    `include_held_out=False` leaves the held-out validation ratings out of the known ratings (to score
+    those very ratings), and the stored field, computed with them, too."""
+    network = load_network(artifact)
+    known = artifact.known(include_held_out)
+    stored = artifact.stored_field(include_held_out)
+    return network, build_scorer(network, known, inference or artifact.inference, stored)
+
+
+def predict_distributions(
+    network: Network, scorer: Scorer, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None
+) -> FloatArray:
+    """Final distributions of (rows[k], cols[k]): (K, p); `query_probs` defaults to the network's."""
+    if query_probs is None:
+        query_probs = network.probabilities(rows, cols)
+    if len(rows) == 0:
+        return query_probs
+    return scorer.predict(rows, cols, query_probs)
