@@ -1,14 +1,15 @@
-# The serving image: numpy + ONNX Runtime + FastAPI, no torch.
+# The serving image: numpy + ONNX Runtime + FastAPI; no torch and no training code.
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY model ./model
 COPY service ./service
-COPY training ./training
-RUN pip install ".[serve]" && python -c "import importlib.util as u; assert u.find_spec('torch') is None"
+RUN pip install ".[serve]" \
+    && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch'; assert u.find_spec('training') is None, 'training'"
 RUN useradd --create-home --uid 10001 dcmc
 USER dcmc
 EXPOSE 8000
+# The service's own entry point (`dcmc serve` lives in training/ and only execs this).
 # docker-compose.yml gives the command; this default serves /artifacts/current.
-CMD ["dcmc", "serve", "--artifacts", "/artifacts/current", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
+CMD ["python", "-m", "service", "--artifacts", "/artifacts/current", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -43,6 +44,35 @@ def test_compose_services_health_checks_and_volumes() -> None:
     assert installs and all('".[serve]"' in line and "torch" not in line.split("&&")[0] for line in installs)
 
 
+def _instructions(dockerfile: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per Dockerfile instruction, with comments dropped and continuations joined."""
+    lines = [line for line in dockerfile.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_api_image_has_no_training_code_and_runs_the_service_entry_point() -> None:
+    steps = _instructions((REPO / "docker/api.Dockerfile").read_text())
+    copied = {  # the sources of every COPY/ADD (all arguments but the destination, flags dropped)
+        src.rstrip("/")
+        for word, args in steps
+        if word in ("COPY", "ADD")
+        for src in [a for a in args.split() if not a.startswith("--")][:-1]
+    }
+    assert copied == {"pyproject.toml", "README.md", "model", "service"}, copied  # no training/, no `.`
+    runs = " && ".join(args for word, args in steps if word == "RUN")
+    assert "find_spec('torch') is None" in runs and "find_spec('training') is None" in runs
+    cmd = json.loads(next(args for word, args in steps if word == "CMD"))
+    assert cmd[:3] == ["python", "-m", "service"]
+    api = _compose()["services"]["api"]["command"]
+    assert cmd == [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", a) for a in api]
+
+
 def _flags(argv: list[str]) -> list[str]:
     return [a for a in argv if a.startswith("--")]
 
@@ -50,7 +80,7 @@ def _flags(argv: list[str]) -> list[str]:
 def test_containers_run_the_commands_the_tests_run() -> None:
     services = _compose()["services"]
     api = services["api"]["command"]
-    assert api[:2] == ["dcmc", "serve"]
+    assert api[:3] == ["python", "-m", "service"]  # the service's own entry point: no training code needed
     assert _flags(api) == _flags(serve_argv("X", 0, 2))
     trainer = services["trainer"]["command"]
     assert trainer[:2] == ["dcmc", "train"]
@@ -63,7 +93,12 @@ def test_containers_run_the_commands_the_tests_run() -> None:
 
     parsed = build_parser().parse_args(with_defaults(trainer[1:]))
     assert parsed.dataset == "ml-100k" and parsed.epochs == 100
-    parsed = build_parser().parse_args(with_defaults(api[1:]))
+    from service.__main__ import build_parser as service_parser
+
+    parsed = service_parser().parse_args(with_defaults(api[3:]))
+    assert parsed.workers == 2 and parsed.host == "0.0.0.0" and parsed.port == 8000
+    # `dcmc serve` (which execs `python -m service`) takes the same flags.
+    parsed = build_parser().parse_args(["serve", *with_defaults(api[3:])])
     assert parsed.workers == 2 and parsed.host == "0.0.0.0"
 
 
