@@ -128,7 +128,8 @@ def verify(directory: Path) -> dict[str, Any]:
                 f"{path} fails its checksum (manifest {expected[:12]}..., file {actual[:12]}...): "
                 "the artifact was modified or truncated; retrain or restore it"
             )
-    return manifest
+    out: dict[str, Any] = manifest
+    return out
 
 
 @dataclass(frozen=True)
@@ -190,8 +191,8 @@ def save_known_field(
     directory: Path, key: dict[str, Any], g: np.ndarray, h: np.ndarray, t: np.ndarray | None
 ) -> None:
     """Write a known field (plain arrays, no pickles) and, as JSON, the settings it belongs to."""
-    extra = {} if t is None else {"t": t}
-    np.savez(directory / KNOWN_FIELD, **extra, g=g, h=h)
+    arrays = {"g": g, "h": h} if t is None else {"g": g, "h": h, "t": t}
+    np.savez(directory / KNOWN_FIELD, **arrays)  # type: ignore[arg-type]
     (directory / FIELD_KEY).write_text(json.dumps(key, indent=2) + "\n")
 
 

@@ -77,7 +77,8 @@ FEW_USERS = 16
 
 def lift(unit: np.ndarray) -> np.ndarray:
     """a = [1, u] / sqrt(2) for unit rows u, so that a . a' = (1 + u . u') / 2: (n, d) -> (n, d + 1)."""
-    return np.hstack([np.ones((len(unit), 1)), unit]) / np.sqrt(2.0)
+    out: FloatArray = np.hstack([np.ones((len(unit), 1)), unit]) / np.sqrt(2.0)
+    return out
 
 
 class FactorizedGraph:
@@ -89,7 +90,11 @@ class FactorizedGraph:
         # Nodes sorted by user, so a sum over each user's nodes is one np.add.reduceat.
         self.order = np.argsort(rows, kind="stable")
         sorted_rows = rows[self.order]
-        self.starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]]) if len(rows) else []
+        self.starts: IntArray = (
+            np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
+            if len(rows)
+            else np.empty(0, dtype=np.int64)
+        )
         self.users = sorted_rows[self.starts] if len(rows) else np.empty(0, dtype=np.int64)
         self.a_users = a[self.users]  # (distinct users, D)
         self.b_nodes = b[cols[self.order]]  # (K, D), in user order
@@ -107,7 +112,8 @@ class FactorizedGraph:
 
     def total(self) -> np.ndarray:
         """H = sum_l a_{i_l} b_{j_l}^T, so that sum_l s(k, l) = a_i^T H b_j: (D, D)."""
-        return self.aggregate(np.ones((len(self.rows), 1)))[0]
+        out: FloatArray = self.aggregate(np.ones((len(self.rows), 1)))[0]
+        return out
 
 
 def read_messages(
@@ -119,12 +125,14 @@ def read_messages(
 
 def normalizer(h: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """sum_l s(k, l) for the entries (rows[k], cols[k]): (K,)."""
-    return read_messages(h[None], a, b, rows, cols)[:, 0]
+    out: FloatArray = read_messages(h[None], a, b, rows, cols)[:, 0]
+    return out
 
 
 def dense_similarity(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """The K x K similarity matrix the factorisation avoids (tests and small graphs only)."""
-    return (a[rows] @ a[rows].T) * (b[cols] @ b[cols].T)
+    out: FloatArray = (a[rows] @ a[rows].T) * (b[cols] @ b[cols].T)
+    return out
 
 
 def _segment_sums(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -216,7 +224,8 @@ def co_rating_affinity(
     rho = (centred.T @ centred) / np.maximum(np.outer(norms, norms), 1e-12)
     del centred
     rho *= co / (co + shrink)
-    return np.maximum(rho, 0.0, out=rho) ** power
+    out: FloatArray = np.maximum(rho, 0.0, out=rho) ** power
+    return out
 
 
 def affinity_messages(
@@ -349,7 +358,8 @@ class LevelInterpolation:
         self, g_anchors: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray
     ) -> np.ndarray:
         """m[k, u] = a_{rows[k]}^T G_u b_{cols[k]} for all p levels from the anchors' G (3, D, D): (K, p)."""
-        return read_messages(g_anchors, a, b, rows, cols) @ self.weights.T
+        out: FloatArray = read_messages(g_anchors, a, b, rows, cols) @ self.weights.T
+        return out
 
 
 @dataclass(frozen=True)
@@ -395,7 +405,7 @@ def scaled_messages(
     the co-rating pseudo-count adds (lambda_r + lambda_c) c to the normaliser alone. With `interp`, g holds
     only the anchor levels' matrices and the others follow from them."""
     msg = read_messages(g, a, b, rows, cols) if interp is None else interp.read(g, a, b, rows, cols)
-    line_total = 0.0
+    line_total: FloatArray | float = 0.0
     if lines is not None and lines.active:
         if t is None:
             raise ValueError("the kernel's line terms need the known entries' distributions")
@@ -469,7 +479,7 @@ def query_distributions(
     A query receives messages from every known entry and sends none back, so its update is a fixed point
     after one layer. `lines`: the same-user and same-item terms the field was computed with.
     """
-    g = field.g if field.interp is None else field.g_anchors
+    g = field.g if field.interp is None or field.g_anchors is None else field.g_anchors
     msg = scaled_messages(
         g, field.h, field.scaling, field.scale, a, b, rows, cols, lines, field.t, field.interp
     )

@@ -62,7 +62,8 @@ def mean_field(
 
 def lift(x: torch.Tensor) -> torch.Tensor:
     """a = [1, x / |x|] / sqrt(2), so that a . a' is the scaled cosine of x and x': (K, d) -> (K, d + 1)."""
-    return torch.cat([torch.ones_like(x[:, :1]), F.normalize(x, dim=-1)], dim=1) / 2.0**0.5
+    out: torch.Tensor = torch.cat([torch.ones_like(x[:, :1]), F.normalize(x, dim=-1)], dim=1) / 2.0**0.5
+    return out
 
 
 def factorized_messages(a: torch.Tensor, b: torch.Tensor, q_prime: torch.Tensor) -> torch.Tensor:
@@ -103,11 +104,13 @@ class DCMC(nn.Module):
 
     def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """User embeddings from rating rows: (b, m) -> (b, d)."""
-        return self.row_branch(rows)
+        out: torch.Tensor = self.row_branch(rows)
+        return out
 
     def embed_cols(self, cols: torch.Tensor) -> torch.Tensor:
         """Item embeddings from rating columns: (b, n) -> (b, d)."""
-        return self.col_branch(cols)
+        out: torch.Tensor = self.col_branch(cols)
+        return out
 
     def scores(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Bilinear scores of paired embeddings: (K, d), (K, d) -> (K, p)."""
@@ -139,5 +142,6 @@ class DCMC(nn.Module):
         s_c = scaled_cosine(v, v)  # (bc, bc)
         sim = s_r[node_rows][:, node_rows] * s_c[node_cols][:, node_cols]  # (K, K)
         normalized = self.config.message_scaling == "normalized"
-        log_q = mean_field(log_p, sim, self.compat, self.config.gamma, layers, normalized)
+        compat: torch.Tensor = self.compat  # type: ignore[assignment]  # a registered buffer
+        log_q = mean_field(log_p, sim, compat, self.config.gamma, layers, normalized)
         return log_p, log_q, sim

@@ -51,9 +51,9 @@ class Partitions:
 def _group_grams(unit: FloatArray, perm: IntArray, subset: int) -> FloatArray:
     """Scaled cosines (1 + cos) / 2 of the members of each group, flattened: (groups * subset^2,)."""
     groups = -(-len(perm) // subset)
-    members = np.zeros((groups * subset, unit.shape[1]))
-    members[: len(perm)] = unit[perm]
-    members = members.reshape(groups, subset, -1)  # (groups, subset, d)
+    flat = np.zeros((groups * subset, unit.shape[1]))
+    flat[: len(perm)] = unit[perm]
+    members = flat.reshape(groups, subset, -1)  # (groups, subset, d)
     out: FloatArray = ((1.0 + members @ members.transpose(0, 2, 1)) / 2.0).ravel()
     return out
 

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -169,8 +169,8 @@ class RedisTier:
         self._succeeded()
         out: list[np.ndarray | None] = []
         for value in raw:
-            ok = value is not None and len(value) == 4 * self.dim
-            out.append(np.frombuffer(value, dtype=np.float32) if ok else None)
+            ok = isinstance(value, bytes) and len(value) == 4 * self.dim
+            out.append(np.frombuffer(value, dtype=np.float32) if ok else None)  # type: ignore[arg-type]
         return out
 
     def mset(self, mapping: dict[str, np.ndarray]) -> None:
@@ -184,7 +184,7 @@ class RedisTier:
             return
         self._succeeded()
 
-    def populate(self, tables: dict[Kind, tuple[Sequence[str], np.ndarray]]) -> str:
+    def populate(self, tables: Mapping[Kind, tuple[Sequence[str], np.ndarray]]) -> str:
         """Bulk-write every embedding (pipelined), unless another replica did or is doing it.
 
         Returns what happened: `written`, `present` (the marker exists), `busy` (another replica holds the
@@ -254,7 +254,8 @@ class EmbeddingStore:
             self._fill(keys, vectors, missing)
         out, pos = [], 0
         for _, idx in wanted:
-            out.append(np.stack(vectors[pos : pos + len(idx)]) if len(idx) else np.empty((0, 0), np.float32))
+            found = [v for v in vectors[pos : pos + len(idx)] if v is not None]  # every miss was filled
+            out.append(np.stack(found) if len(idx) else np.empty((0, 0), np.float32))
             pos += len(idx)
         return out
 

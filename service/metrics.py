@@ -64,7 +64,7 @@ class Metrics:
         if self.multiprocess_dir is None:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=str(self.multiprocess_dir))
+        multiprocess.MultiProcessCollector(registry, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
         return generate_latest(registry)
 
 
