@@ -625,7 +625,8 @@ class ExactScorer:
         self.lines = self._lines()
         self.key = FieldKey.of(crf, kernel, scale, len(known))
         stored_key = FieldKey.from_json(stored.key) if stored is not None else None
-        if stored is not None and stored_key == self.key:
+        needs_t = self.lines is not None and self.lines.active
+        if stored is not None and stored_key == self.key and (stored.t is not None) == needs_t:
             self.field = KnownField(
                 g=stored.g,
                 h=stored.h,

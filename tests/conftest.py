@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+try:  # tiny models train faster on one torch thread than on two that share the cores
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:
+    pass
+
 from training.synthetic import low_rank_ratings, write_csv
 
 REPO = Path(__file__).resolve().parents[1]

@@ -69,6 +69,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from model.config import setting_names
     from training.evaluate import evaluate
 
     overrides = {}
@@ -78,6 +79,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"dcmc evaluate --set takes inference settings (inference.<group>.<name>), got {key!r}"
             )
+        if name not in setting_names():
+            raise ConfigError(f"unknown inference setting {name!r}; valid: {', '.join(setting_names())}")
         overrides[name] = value
     result = evaluate(args.artifacts, args.data_dir, overrides=overrides, part=args.on)
     print(json.dumps(result))

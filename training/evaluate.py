@@ -15,6 +15,19 @@ from model.scorers import artifact_scorer, predict_distributions
 from training.data import DataError, Entries, RatingSplit, carve_validation, load_dataset
 
 
+def read_settings(inference: InferenceConfig) -> dict[str, Any]:
+    """The settings the mode in force reads, nested by group (what a result line records)."""
+    out: dict[str, Any] = {}
+    for group, values in inference.to_dict().items():
+        if group == "mode":
+            out[group] = values
+            continue
+        read = {k: v for k, v in values.items() if inference.reads(f"{group}.{k}")}
+        if read:
+            out[group] = read
+    return out
+
+
 def map_entries(
     artifact: Artifact, user_ids: list[str], item_ids: list[str], entries: Entries
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -84,6 +97,6 @@ def evaluate(
         "rmse": float(np.sqrt(np.mean(err**2))),
         "mae": float(np.mean(np.abs(err))),
         "n": len(err),
-        "settings": {k: v for k, v in inference.to_dict().items() if k == "mode" or inference.reads(k)},
+        "settings": read_settings(inference),
         "seconds": round(seconds, 3),
     }

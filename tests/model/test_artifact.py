@@ -9,8 +9,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.artifact import ArtifactError, artifact_writer, load_artifact, verify
+from model.artifact import (
+    FIELD_KEY,
+    FORMAT_VERSION,
+    KNOWN_FIELD,
+    ArtifactError,
+    artifact_writer,
+    load_artifact,
+    read_config,
+    verify,
+    write_manifest,
+)
 from model.config import InferenceConfig, ModelConfig
+from model.exact import ExactScorer
+from model.ratings import Ratings
+from model.scorers import artifact_scorer
 
 
 @pytest.fixture
@@ -33,6 +46,17 @@ def test_round_trip(tiny_artifact: Path) -> None:
     assert listed == {p.name for p in tiny_artifact.iterdir()} - {"manifest.json"}
     assert {"weights.pt", "row_branch.onnx", "col_branch.onnx", "decoder.onnx", "metrics.json"} <= listed
     assert art.model_version == manifest["model_version"]
+    assert manifest["format_version"] == FORMAT_VERSION == 2
+    # The known ratings: those trained on, then the held-out ones, one index of each.
+    assert isinstance(art.train, Ratings) and isinstance(art.held_out, Ratings)
+    assert len(art.train) > 0 and len(art.held_out) > 0
+    known = art.known()
+    assert len(known) == len(art.train) + len(art.held_out)
+    np.testing.assert_array_equal(known.rows[: len(art.train)], art.train.rows)
+    np.testing.assert_array_equal(known.values[len(art.train) :], art.held_out.values)
+    assert art.known() is known and art.known(include_held_out=False) is art.train
+    assert (known.n_users, known.n_items) == (art.config.n_users, art.config.n_items)
+    assert read_config(tiny_artifact) == (art.config, art.inference)
 
 
 def test_tampered_file_is_refused(artifact_copy: Path) -> None:
@@ -78,3 +102,83 @@ def test_rewrite_replaces_previous_artifact(tmp_path: Path) -> None:
     assert (out / "a.txt").read_text() == "two"
     assert verify(out)["files"].keys() == {"a.txt"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+FLAT_INFERENCE = {
+    "mode": "exact",
+    "subset_rows": 8,
+    "subset_cols": 8,
+    "repeats": 3,
+    "seed": 0,
+    "scaling": "normalized",
+    "known": "clamped",
+    "gamma": 1.5,
+    "tau": None,
+    "same_user": 0.0,
+    "same_item": 0.0,
+    "co_rating": 2.0,
+    "co_rating_power": 5.0,
+    "co_rating_shrink": 10.0,
+    "co_rating_user": 0.0,
+    "co_rating_prior": 0.0,
+    "baseline": 0.0,
+    "baseline_user_shrink": 2.0,
+    "baseline_item_shrink": 5.0,
+}
+"""The inference settings as a format-1 artifact's config.json held them: flat."""
+
+
+def _as_format_1(directory: Path) -> None:
+    """Rewrite an artifact as format 1 wrote it: flat inference settings, a known field whose key lies in
+    the npz itself (no known_field.json), and format_version 1."""
+    config = json.loads((directory / "config.json").read_text())
+    config["inference"] = FLAT_INFERENCE
+    (directory / "config.json").write_text(json.dumps(config))
+    art_d = config["model"]["hidden"][-1] + 1
+    p = len(config["model"]["levels"])
+    old_key = {"scaling": "normalized", "known": "clamped", "gamma": 1.5, "layers": 5, "scale": 0.0}
+    np.savez(directory / KNOWN_FIELD, g=np.zeros((p, art_d, art_d)), h=np.eye(art_d), **old_key)
+    (directory / FIELD_KEY).unlink(missing_ok=True)
+    write_manifest(directory)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_format_1_artifact_still_loads(artifact_copy: Path) -> None:
+    _as_format_1(artifact_copy)
+    art = load_artifact(artifact_copy)
+    inference = art.inference
+    assert inference.mode == "exact" and inference.crf.gamma == 1.5 and inference.crf.tau is None
+    assert (inference.paper.subset_rows, inference.paper.repeats) == (8, 3)
+    assert (inference.kernel.known, inference.kernel.co_rating, inference.kernel.co_rating_power) == (
+        "clamped",
+        2.0,
+        5.0,
+    )
+    assert read_config(artifact_copy)[1] == inference
+    # Its stored field has no JSON key: it is not used, but recomputed.
+    assert art.known_field is None
+    _, scorer = artifact_scorer(art)
+    assert isinstance(scorer, ExactScorer) and scorer.field_source == "computed"
+    assert scorer.crf.gamma == 1.5
+    assert np.abs(scorer.field.g).max() > 0  # not the zeros written above
+
+
+def test_an_unknown_format_is_refused(artifact_copy: Path) -> None:
+    manifest = json.loads((artifact_copy / "manifest.json").read_text())
+    manifest["format_version"] = FORMAT_VERSION + 1
+    (artifact_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=f"artifact format {FORMAT_VERSION + 1}"):
+        load_artifact(artifact_copy)
+
+
+def test_bad_inference_settings_are_an_artifact_error(artifact_copy: Path) -> None:
+    config = json.loads((artifact_copy / "config.json").read_text())
+    config["inference"]["crf"]["gamma"] = -1.0
+    (artifact_copy / "config.json").write_text(json.dumps(config))
+    write_manifest(artifact_copy)
+    with pytest.raises(ArtifactError, match=r"crf\.gamma"):
+        load_artifact(artifact_copy)
+    with pytest.raises(ArtifactError, match=r"crf\.gamma"):
+        read_config(artifact_copy)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from model import engine, exact
+from model.artifact import StoredField
 from model.config import ConfigError, InferenceConfig, ModelConfig
+from model.engine import Network
+from model.ratings import Ratings
+from model.scorers import NetworkScorer, build_scorer, predict_distributions
 
 
 def _ratings(seed: int = 0, n: int = 8, m: int = 6, k: int = 30):  # type: ignore[no-untyped-def]
@@ -59,50 +63,66 @@ def test_level_distribution_has_the_clipped_value_as_its_expectation() -> None:
     np.testing.assert_allclose(dist[4], [0, 0, 0.45, 0.55, 0])
 
 
-def _model(seed: int = 0) -> engine.ScoringModel:
+def _model(seed: int = 0) -> tuple[Network, Ratings]:
     rng = np.random.default_rng(seed)
     cfg = ModelConfig(n_users=8, n_items=6, levels=(1, 2, 3, 4, 5), hidden=(4,))
     rows, cols, values = _ratings(seed)
-    return engine.ScoringModel(
-        config=cfg,
-        user_emb=rng.normal(size=(8, 4)),
-        item_emb=rng.normal(size=(6, 4)),
-        bilinear=rng.normal(size=(5, 4, 4)),
-        known_rows=rows,
-        known_cols=cols,
-        known_values=values,
-    )
+    network = Network(cfg, rng.normal(size=(8, 4)), rng.normal(size=(6, 4)), rng.normal(size=(5, 4, 4)))
+    return network, Ratings(rows, cols, values, 8, 6)
+
+
+def _exact(
+    crf: dict[str, Any], kernel: dict[str, Any], output: dict[str, Any] | None = None
+) -> InferenceConfig:
+    return InferenceConfig.from_dict({"mode": "exact", "crf": crf, "kernel": kernel, "output": output or {}})
+
+
+def _predict(network: Network, known: Ratings, rows, cols, inference: InferenceConfig, stored=None):  # type: ignore[no-untyped-def]
+    return predict_distributions(network, build_scorer(network, known, inference, stored), rows, cols)
 
 
 @pytest.mark.parametrize("weight", [0.3, 1.0])
 def test_exact_inference_mixes_the_baseline_into_the_crf_output(weight: float) -> None:
-    model = _model()
+    network, known = _model()
     rows, cols = np.array([0, 3, 7, 7]), np.array([5, 2, 0, 5])  # the last user and item have no ratings
-    crf = InferenceConfig(mode="exact", known="clamped", gamma=1.0, same_user=3.0, same_item=1.0)
-    mixed = replace(crf, baseline=weight, baseline_user_shrink=1.5, baseline_item_shrink=4.0)
-    q = engine.predict_entries(model, rows, cols, crf)
-    got = engine.predict_entries(model, rows, cols, mixed)
-    mu, b, c = exact.bias_baseline(model.known_rows, model.known_cols, model.known_values, 8, 6, 1.5, 4.0)
+    crf = _exact({"gamma": 1.0}, {"known": "clamped", "same_user": 3.0, "same_item": 1.0})
+    mixed = crf.with_overrides(
+        {"output.baseline": weight, "output.baseline_user_shrink": 1.5, "output.baseline_item_shrink": 4.0}
+    )
+    q = _predict(network, known, rows, cols, crf)
+    got = _predict(network, known, rows, cols, mixed)
+    mu, b, c = exact.bias_baseline(known.rows, known.cols, known.values, 8, 6, 1.5, 4.0)
     baseline = np.clip(mu + b[rows] + c[cols], 1, 5)
     np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-12)
-    want = (1 - weight) * engine.expected_rating(q, model.levels) + weight * baseline
-    np.testing.assert_allclose(engine.expected_rating(got, model.levels), want, atol=1e-12)
+    want = (1 - weight) * engine.expected_rating(q, network.levels) + weight * baseline
+    np.testing.assert_allclose(engine.expected_rating(got, network.levels), want, atol=1e-12)
     assert not np.allclose(got, q)
     # The baseline does not enter the CRF: the known field is shared with the plain setting.
-    assert model.field_key(mixed) == model.field_key(crf)
+    plain, with_baseline = build_scorer(network, known, crf), build_scorer(network, known, mixed)
+    assert isinstance(plain, exact.ExactScorer) and isinstance(with_baseline, exact.ExactScorer)
+    assert with_baseline.key == plain.key
+    stored = StoredField(plain.key.to_json(), plain.field.g, plain.field.h, plain.field.t)
+    shared = build_scorer(network, known, mixed, stored)
+    assert isinstance(shared, exact.ExactScorer) and shared.field_source == "artifact"
+    np.testing.assert_allclose(_predict(network, known, rows, cols, mixed, stored), got, rtol=1e-12)
 
 
 def test_without_a_weight_the_baseline_changes_nothing() -> None:
-    model = _model(2)
+    network, known = _model(2)
     rows, cols = np.array([1, 2, 4]), np.array([0, 3, 1])
-    crf = InferenceConfig(mode="exact", known="clamped", gamma=0.5)
-    off = replace(crf, baseline_user_shrink=0.1, baseline_item_shrink=0.1)
+    crf = _exact({"gamma": 0.5}, {"known": "clamped"})
+    off = crf.with_overrides({"output.baseline_user_shrink": 0.1, "output.baseline_item_shrink": 0.1})
     np.testing.assert_array_equal(
-        engine.predict_entries(model, rows, cols, off), engine.predict_entries(model, rows, cols, crf)
+        _predict(network, known, rows, cols, off), _predict(network, known, rows, cols, crf)
     )
-    # and the base network alone (`none`) never mixes it in
-    none = engine.predict_entries(model, rows, cols, replace(crf, mode="none", baseline=0.5))
-    np.testing.assert_array_equal(none, model.probabilities(rows, cols))
+    # and the base network alone (`none`) never mixes it in (nor takes the setting)
+    stale = InferenceConfig.from_dict({**crf.to_dict(), "mode": "none", "output": {"baseline": 0.5}})
+    assert isinstance(build_scorer(network, known, stale), NetworkScorer)
+    np.testing.assert_array_equal(
+        _predict(network, known, rows, cols, stale), network.probabilities(rows, cols)
+    )
+    with pytest.raises(ConfigError, match=r"'none' does not read output\.baseline"):
+        crf.with_overrides({"mode": "none", "output.baseline": 0.5})
 
 
 @pytest.mark.parametrize(
@@ -115,5 +135,7 @@ def test_without_a_weight_the_baseline_changes_nothing() -> None:
     ],
 )
 def test_out_of_range_baseline_settings_are_refused(changes: dict[str, float], field: str) -> None:
-    with pytest.raises(ConfigError, match=field):
-        InferenceConfig(mode="exact", **changes)
+    with pytest.raises(ConfigError, match=rf"output\.{field}\b"):
+        InferenceConfig.from_dict({"mode": "exact", "output": changes})
+    with pytest.raises(ConfigError, match=rf"output\.{field}\b"):
+        InferenceConfig(mode="exact").with_overrides({f"output.{k}": v for k, v in changes.items()})

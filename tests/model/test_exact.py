@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from model import engine, exact
 from model.config import ConfigError, InferenceConfig, ModelConfig
+from model.engine import Network
+from model.ratings import LineIndex, Ratings
+from model.scorers import build_scorer, predict_distributions
 
 
 def _graph(seed: int = 0, n: int = 9, m: int = 7, k: int = 25, d: int = 4, p: int = 3):  # type: ignore[no-untyped-def]
@@ -21,18 +24,30 @@ def _graph(seed: int = 0, n: int = 9, m: int = 7, k: int = 25, d: int = 4, p: in
     return a, b, rows, cols, q_prime
 
 
-def _random_model(rng, cfg, rows, cols, values):  # type: ignore[no-untyped-def]
-    """A ScoringModel with random embeddings and decoder over the given known ratings."""
+def _random_network(rng, cfg):  # type: ignore[no-untyped-def]
+    """A Network with random embeddings and decoder."""
     d = cfg.embedding_dim
-    return engine.ScoringModel(
-        config=cfg,
-        user_emb=rng.normal(size=(cfg.n_users, d)),
-        item_emb=rng.normal(size=(cfg.n_items, d)),
-        bilinear=rng.normal(size=(cfg.n_levels, d, d)),
-        known_rows=rows,
-        known_cols=cols,
-        known_values=values,
+    return Network(
+        cfg,
+        rng.normal(size=(cfg.n_users, d)),
+        rng.normal(size=(cfg.n_items, d)),
+        rng.normal(size=(cfg.n_levels, d, d)),
     )
+
+
+def _exact(**kernel: Any) -> InferenceConfig:
+    """`exact` with the given kernel settings and the CRF weights (`tau`, `gamma`) of the model unless set."""
+    crf = {k: kernel.pop(k) for k in ("gamma", "tau", "layers") if k in kernel}
+    return InferenceConfig.from_dict({"mode": "exact", "crf": crf, "kernel": kernel})
+
+
+def _predict(network: Network, known: Ratings, rows, cols, inference: InferenceConfig):  # type: ignore[no-untyped-def]
+    return predict_distributions(network, build_scorer(network, known, inference), rows, cols)
+
+
+def _lines(same_user: float, same_item: float, rows, cols, n: int, m: int) -> exact.Lines:  # type: ignore[no-untyped-def]
+    """Line terms over known entries (rows, cols) of an n x m matrix (their values play no part)."""
+    return exact.Lines(same_user, same_item, Ratings(rows, cols, np.ones(len(rows)), n, m))
 
 
 def test_lifted_inner_product_is_the_scaled_cosine() -> None:
@@ -137,25 +152,24 @@ def test_exact_inference_tau_override_equals_a_dense_clamped_update() -> None:
     n, m, d = 6, 7, 4
     levels = np.arange(1.0, 11.0)
     cfg = ModelConfig(n_users=n, n_items=m, levels=tuple(levels), hidden=(8, d), tau=4.0, gamma=0.2)
-    known = rng.random((n, m)) < 0.5
-    rows, cols = np.nonzero(known)
+    rows, cols = np.nonzero(rng.random((n, m)) < 0.5)
     values = rng.integers(1, 11, len(rows)).astype(float)
-    model = _random_model(rng, cfg, rows, cols, values)
+    network, known = _random_network(rng, cfg), Ratings(rows, cols, values, n, m)
     q_rows, q_cols = np.array([0, 3, 5]), np.array([1, 2, 6])
+    a, b = exact.lift(network.user_unit), exact.lift(network.item_unit)
     for tau in (None, 50.0, 1e9):  # 1e9: untruncated, the anchor levels' interpolation
-        inference = InferenceConfig(mode="exact", scaling="normalized", known="clamped", tau=tau)
-        got = engine.predict_entries(model, q_rows, q_cols, inference)
+        inference = _exact(scaling="normalized", known="clamped", tau=tau)
+        got = _predict(network, known, q_rows, q_cols, inference)
         compat = engine.compatibility_matrix(levels, cfg.tau if tau is None else tau)
-        a, b = model.user_lifted, model.item_lifted
         s = (a[q_rows] @ a[rows].T) * (b[q_cols] @ b[cols].T)
         msg = (s @ compat[engine.nearest_level(values, levels)]) / s.sum(axis=1, keepdims=True)
-        want = exact.softmax(np.log(model.probabilities(q_rows, q_cols)) - cfg.gamma * msg)
+        want = engine.softmax(np.log(network.probabilities(q_rows, q_cols)) - cfg.gamma * msg)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
-    default = InferenceConfig(mode="exact", scaling="normalized", known="clamped")
-    untruncated = InferenceConfig(mode="exact", scaling="normalized", known="clamped", tau=1e9)
+    default = _exact(scaling="normalized", known="clamped")
+    untruncated = _exact(scaling="normalized", known="clamped", tau=1e9)
     assert not np.allclose(
-        engine.predict_entries(model, q_rows, q_cols, default),
-        engine.predict_entries(model, q_rows, q_cols, untruncated),
+        _predict(network, known, q_rows, q_cols, default),
+        _predict(network, known, q_rows, q_cols, untruncated),
     )
 
 
@@ -166,7 +180,7 @@ def test_three_levels_determine_every_level_of_an_untruncated_field() -> None:
     compat = engine.compatibility_matrix(levels, 1e9)
     a, b, rows, cols, _ = _graph(seed=8)
     probs = rng.dirichlet(np.ones(12), size=len(rows))
-    lines = exact.Lines(2.0, 0.5, rows, cols, exact.LineIndex(rows, len(a)), exact.LineIndex(cols, len(b)))
+    lines = _lines(2.0, 0.5, rows, cols, len(a), len(b))
     labels = np.zeros(len(rows), dtype=np.int64)
     field = exact.known_field(
         a, b, rows, cols, probs, labels, compat, 0.01, 3, "normalized", 1.0, "predicted", lines
@@ -201,7 +215,7 @@ def test_same_user_and_same_item_terms_equal_the_dense_kernel(scaling: str) -> N
     # 6 x 5 matrix, 14 known entries: rows and columns hold several entries each; user 5 and item 4 none.
     a, b, rows, cols, q_prime = _graph(seed=7, n=6, m=5, k=14)
     rows, cols = np.where(rows == 5, 0, rows), np.where(cols == 4, 1, cols)
-    lines = exact.Lines(2.0, 0.5, rows, cols, exact.LineIndex(rows, 6), exact.LineIndex(cols, 5))
+    lines = _lines(2.0, 0.5, rows, cols, 6, 5)
     graph = exact.FactorizedGraph(a, b, rows, cols)
     g, h = graph.aggregate(q_prime), graph.total()
     q_rows, q_cols = np.array([0, 5, 2, 0, 3]), np.array([1, 4, 3, 2, 4])
@@ -214,7 +228,7 @@ def test_same_user_and_same_item_terms_equal_the_dense_kernel(scaling: str) -> N
         want = want / s.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     # Without weights the terms vanish: the model's own kernel.
-    off = exact.Lines(0.0, 0.0, rows, cols, lines.by_row, lines.by_col)
+    off = exact.Lines(0.0, 0.0, lines.known)
     np.testing.assert_allclose(
         exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols, off, q_prime),
         exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols),
@@ -283,9 +297,8 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     cfg = ModelConfig(n_users=n, n_items=m, levels=tuple(levels), hidden=(8, d), gamma=0.3, mf_layers=3)
     rows, cols = np.nonzero(rng.random((n, m)) < 0.5)
     values = rng.integers(1, 5, len(rows)).astype(float)
-    model = _random_model(rng, cfg, rows, cols, values)
-    inference = InferenceConfig(
-        mode="exact",
+    network, ratings = _random_network(rng, cfg), Ratings(rows, cols, values, n, m)
+    inference = _exact(
         scaling="normalized",
         known=known,
         same_user=3.0,
@@ -296,9 +309,13 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
         co_rating_shrink=3.0,
     )
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
-    got = engine.predict_entries(model, q_rows, q_cols, inference)
-    a, b, compat = model.user_lifted, model.item_lifted, model.compat
-    q, shrink = inference.co_rating_power, inference.co_rating_shrink
+    scorer = build_scorer(network, ratings, inference)
+    assert isinstance(scorer, exact.ExactScorer)
+    got = predict_distributions(network, scorer, q_rows, q_cols)
+    a, b, compat = scorer.user_lifted, scorer.item_lifted, scorer.compat
+    np.testing.assert_allclose(a, exact.lift(network.user_unit))
+    np.testing.assert_array_equal(compat, engine.compatibility_matrix(levels, cfg.tau))
+    q, shrink = inference.kernel.co_rating_power, inference.kernel.co_rating_shrink
     w = _adjusted_cosine(rows, cols, values, n, m, q, shrink)
     w_users = _adjusted_cosine(cols, rows, values, m, n, q, shrink)  # the roles swapped
     z_prior = (co_rating + co_user) * prior
@@ -315,16 +332,18 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
         # The pseudo-count joins the normaliser alone: c x lambda_r more weight that sends nothing.
         s_known = kernel(rows, cols)
         z_known = s_known.sum(axis=1, keepdims=True) + z_prior
-        q_known = engine.mean_field(model.known_probs, s_known / z_known, compat, 0.3, 3)
+        known_probs = network.probabilities(rows, cols)
+        q_known = engine.mean_field(known_probs, s_known / z_known, compat, 0.3, 3)
     s = kernel(q_rows, q_cols)
     msg = (s @ (q_known @ compat.T)) / (s.sum(axis=1, keepdims=True) + z_prior)
-    want = exact.softmax(np.log(model.probabilities(q_rows, q_cols)) - 0.3 * msg)
+    want = engine.softmax(np.log(network.probabilities(q_rows, q_cols)) - 0.3 * msg)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
     offs = [{"same_user": 0.0}, {"co_rating": 0.0 if co_rating else 1.0}]
     offs += [{"co_rating_user": 0.0 if co_user else 1.0}] + ([{"co_rating_prior": 0.0}] if prior else [])
     offs += [{"co_rating_shrink": 10.0}] if co_rating or co_user else []
     for off in offs:
-        assert not np.allclose(got, engine.predict_entries(model, q_rows, q_cols, replace(inference, **off)))
+        changed = inference.with_overrides({f"kernel.{k}": v for k, v in off.items()})
+        assert not np.allclose(got, _predict(network, ratings, q_rows, q_cols, changed))
 
 
 @pytest.mark.parametrize("queries_per_line", [1, 40])
@@ -339,7 +358,7 @@ def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(queries_per_line:
     weights = rng.random((len(rows), 3))
     q_rows = np.repeat([0, 1, 2, 4], queries_per_line)
     q_cols = rng.integers(0, m, len(q_rows))
-    index = exact.LineIndex(rows, n)
+    index = LineIndex(rows, n)
     got = exact.line_messages(index, table, cols, weights, q_rows, table[q_cols], with_total=True)
     s = (q_rows[:, None] == rows[None, :]) * (table[q_cols] @ table[cols].T)
     np.testing.assert_allclose(got[:, :3], s @ weights, rtol=1e-12, atol=1e-12)
@@ -357,7 +376,7 @@ def test_per_level_reads_agree_user_by_user_and_batched(n_users: int) -> None:
     scores = np.einsum("kd,pde,ke->kp", user_emb[rows], bilinear, item_emb[cols])
     np.testing.assert_allclose(
         engine.label_probabilities(user_emb, item_emb, bilinear, rows, cols),
-        exact.softmax(scores),
+        engine.softmax(scores),
         rtol=1e-12,
     )
     a, b = exact.lift(engine.normalize_rows(user_emb)), exact.lift(engine.normalize_rows(item_emb))

@@ -50,13 +50,19 @@ def test_train_then_evaluate(synthetic_csv: Path, tmp_path: Path) -> None:
     assert (tmp_path / "art.ckpt" / "checkpoint.pt").is_file()
     for mode in ("paper", "none"):
         proc = dcmc(
-            "evaluate", "--artifacts", str(out), "--data-dir", str(synthetic_csv), "--inference", mode
+            "evaluate",
+            "--artifacts",
+            str(out),
+            "--data-dir",
+            str(synthetic_csv),
+            "--set",
+            f"inference.mode={mode}",
         )
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.strip().splitlines()
         assert len(lines) == 1
         result = json.loads(lines[0])
-        assert result["inference"] == mode
+        assert result["inference"] == mode and result["settings"]["mode"] == mode
         assert {"rmse", "mae", "n"} <= result.keys() and result["n"] > 0
         assert 0 < result["mae"] <= result["rmse"] < 2.0
 
@@ -155,8 +161,15 @@ def test_evaluate_refuses_co_rating_on_too_many_items(
 
     monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
     argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
-    assert main([*argv, "--inference", "exact", "--co-rating", "1"]) == 2
+    assert main([*argv, "--set", "inference.mode=exact", "--set", "inference.kernel.co_rating=1"]) == 2
     assert "items exceed 5" in capsys.readouterr().err
+
+
+def _evaluate_argv(artifact: Path, data: Path, *settings: str) -> list[str]:
+    argv = ["evaluate", "--artifacts", str(artifact), "--data-dir", str(data)]
+    for setting in settings:
+        argv += ["--set", f"inference.{setting}"]
+    return argv
 
 
 def test_evaluate_takes_the_co_rating_prior_and_refuses_a_negative_one(
@@ -164,17 +177,16 @@ def test_evaluate_takes_the_co_rating_prior_and_refuses_a_negative_one(
 ) -> None:
     from training.cli import main
 
-    argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
-    argv += ["--inference", "exact", "--co-rating", "5"]
+    argv = _evaluate_argv(tiny_artifact, synthetic_csv, "mode=exact", "kernel.co_rating=5")
     results = []
     for prior in ("0", "0.5"):
-        assert main([*argv, "--co-rating-prior", prior]) == 0
+        assert main([*argv, "--set", f"inference.kernel.co_rating_prior={prior}"]) == 0
         results.append(json.loads(capsys.readouterr().out))
-    assert [r["co_rating_prior"] for r in results] == [0.0, 0.5]
+    assert [r["settings"]["kernel"]["co_rating_prior"] for r in results] == [0.0, 0.5]
     assert results[0]["rmse"] != results[1]["rmse"]
-    assert main([*argv, "--co-rating-prior", "-1"]) == 2
+    assert main([*argv, "--set", "inference.kernel.co_rating_prior=-1"]) == 2
     err = capsys.readouterr().err
-    assert "co_rating_prior" in err and "Traceback" not in err
+    assert "kernel.co_rating_prior" in err and "Traceback" not in err
 
 
 def test_evaluate_takes_the_bias_baseline_and_refuses_a_weight_above_one(
@@ -182,15 +194,60 @@ def test_evaluate_takes_the_bias_baseline_and_refuses_a_weight_above_one(
 ) -> None:
     from training.cli import main
 
-    argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
-    argv += ["--inference", "exact", "--baseline-item-shrink", "3"]
+    argv = _evaluate_argv(tiny_artifact, synthetic_csv, "mode=exact", "output.baseline_item_shrink=3")
     results = []
     for weight in ("0", "0.5", "1"):
-        assert main([*argv, "--baseline", weight]) == 0
+        assert main([*argv, "--set", f"inference.output.baseline={weight}"]) == 0
         results.append(json.loads(capsys.readouterr().out))
-    assert [r["baseline"] for r in results] == [0.0, 0.5, 1.0]
-    assert {r["baseline_item_shrink"] for r in results} == {3.0}
+    assert [r["settings"]["output"]["baseline"] for r in results] == [0.0, 0.5, 1.0]
+    assert {r["settings"]["output"]["baseline_item_shrink"] for r in results} == {3.0}
     assert len({r["rmse"] for r in results}) == 3
-    assert main([*argv, "--baseline", "1.5"]) == 2
+    assert main([*argv, "--set", "inference.output.baseline=1.5"]) == 2
     err = capsys.readouterr().err
-    assert "baseline must lie in [0, 1]" in err and "Traceback" not in err
+    assert "output.baseline" in err and "less than or equal to 1" in err and "Traceback" not in err
+
+
+def test_evaluate_refuses_a_misspelt_setting_listing_the_valid_ones(
+    tiny_artifact: Path, synthetic_csv: Path
+) -> None:
+    from model.config import setting_names
+
+    proc = dcmc(*_evaluate_argv(tiny_artifact, synthetic_csv, "crf.gama=1"))
+    _assert_clean_error(proc, "dcmc evaluate: error:", "unknown inference setting 'crf.gama'")
+    for name in setting_names():
+        assert name in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("key", ["gamma", "crf.gamma", "inference", "model.gamma"])
+def test_evaluate_takes_only_inference_settings(
+    tiny_artifact: Path, synthetic_csv: Path, capsys: pytest.CaptureFixture[str], key: str
+) -> None:
+    from training.cli import main
+
+    argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
+    assert main([*argv, "--set", f"{key}=1"]) == 2
+    captured = capsys.readouterr()
+    assert f"inference settings (inference.<group>.<name>), got {key!r}" in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_evaluate_refuses_a_setting_the_mode_does_not_read(
+    tiny_artifact: Path, synthetic_csv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.cli import main
+
+    # The tiny artifact infers with `paper`, which has no kernel.
+    assert main(_evaluate_argv(tiny_artifact, synthetic_csv, "kernel.co_rating=1")) == 2
+    err = capsys.readouterr().err
+    assert "does not read kernel.co_rating" in err and "inference.mode" in err
+
+
+def test_train_refuses_an_unknown_inference_setting(synthetic_csv: Path, tmp_path: Path) -> None:
+    # Refused before any training (test_export's exact artifact is trained with valid ones).
+    proc = dcmc(
+        "train", "--dataset", "csv", "--data-dir", str(synthetic_csv), "--split", "random",
+        "--out", str(tmp_path / "o"), "--preset", "tiny", "--set", "inference.crf.gama=1",
+    )  # fmt: skip
+    _assert_clean_error(proc, "dcmc train: error:", "unknown inference setting 'crf.gama'", "crf.gamma")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.ckpt").exists()

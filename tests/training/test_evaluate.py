@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model.config import ConfigError
 from training.data import DataError
 from training.evaluate import evaluate
 from training.pipeline import run_training
@@ -36,12 +37,13 @@ def test_val_evaluation_matches_the_trainers_validation(
     metrics = run_training(
         "csv", data, out, split=split, preset_name="tiny", epochs=4, seed=3, progress=False
     )
-    result = evaluate(out, data, mode="none", part="val")
-    assert result["on"] == "val"
+    result = evaluate(out, data, overrides={"mode": "none"}, part="val")
+    assert result["on"] == "val" and result["inference"] == "none"
+    assert result["settings"] == {"mode": "none"}  # `none` reads no other setting
     assert result["n"] == metrics["n_val"] > 0
     # The trainer scored the same entries with the torch network after its last epoch.
     assert result["rmse"] == pytest.approx(metrics["val_rmse"], abs=1e-4)
-    test = evaluate(out, data, mode="none")
+    test = evaluate(out, data, overrides={"mode": "none"})
     assert test["on"] == "test" and test["n"] != result["n"]
 
 
@@ -59,5 +61,25 @@ def test_val_evaluation_without_validation_is_a_clear_error(synthetic_csv: Path,
         progress=False,
     )
     with pytest.raises(DataError, match="without a validation split"):
-        evaluate(out, data, mode="none", part="val")
+        evaluate(out, data, overrides={"mode": "none"}, part="val")
     assert json.loads((out / "metrics.json").read_text())["n_val"] == 0
+
+
+def test_evaluate_applies_dotted_overrides_and_reports_the_settings_read(
+    tiny_artifact: Path, synthetic_csv: Path
+) -> None:
+    base = evaluate(tiny_artifact, synthetic_csv)
+    assert base["inference"] == "paper"
+    assert set(base["settings"]) == {"mode", "crf", "paper"}  # the groups `paper` reads
+    assert base["settings"]["paper"]["repeats"] == 3  # the tiny preset's
+    changed = evaluate(tiny_artifact, synthetic_csv, overrides={"crf.gamma": "2", "paper.repeats": "2"})
+    assert changed["settings"]["crf"]["gamma"] == 2.0 and changed["settings"]["paper"]["repeats"] == 2
+    assert changed["rmse"] != base["rmse"]
+    exact = evaluate(tiny_artifact, synthetic_csv, overrides={"mode": "exact", "kernel.known": "clamped"})
+    assert exact["inference"] == "exact"
+    assert set(exact["settings"]) == {"mode", "crf", "kernel", "output"}
+    assert exact["settings"]["kernel"]["known"] == "clamped"
+    with pytest.raises(ConfigError, match=r"unknown inference setting 'crf\.gama'"):
+        evaluate(tiny_artifact, synthetic_csv, overrides={"crf.gama": 1})
+    with pytest.raises(ConfigError, match=r"does not read kernel\.co_rating"):
+        evaluate(tiny_artifact, synthetic_csv, overrides={"kernel.co_rating": 1})

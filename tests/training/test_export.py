@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from model.artifact import KNOWN_FIELD, _load_known_field, load_artifact, save_known_field
-from model.engine import OnnxNetwork, ScoringModel, expected_rating, label_probabilities, predict_entries
+from model.artifact import KNOWN_FIELD, ArtifactError, _load_known_field, load_artifact, save_known_field
+from model.engine import Network, OnnxNetwork, expected_rating, label_probabilities
+from model.exact import ExactScorer, FieldKey
 from model.network import DCMC
+from model.scorers import artifact_scorer, build_scorer, load_network, predict_distributions
 from training.data import load_dataset
 from training.evaluate import held_out, map_entries, predict_ratings
 
@@ -20,8 +21,14 @@ from training.evaluate import held_out, map_entries, predict_ratings
 def _dense(art, by: str) -> np.ndarray:  # type: ignore[no-untyped-def]
     n, m = art.config.n_users, art.config.n_items
     dense = np.zeros((n, m), dtype=np.float32)
-    dense[art.train_rows, art.train_cols] = art.train_values
+    dense[art.train.rows, art.train.cols] = art.train.values
     return dense if by == "row" else dense.T.copy()
+
+
+def _exact_scorer(network: Network, known, inference, stored=None) -> ExactScorer:  # type: ignore[no-untyped-def]
+    scorer = build_scorer(network, known, inference, stored)
+    assert isinstance(scorer, ExactScorer)
+    return scorer
 
 
 def test_onnx_matches_torch_and_the_stored_embeddings(tiny_artifact: Path) -> None:
@@ -34,6 +41,9 @@ def test_onnx_matches_torch_and_the_stored_embeddings(tiny_artifact: Path) -> No
     model.eval()
     onnx = OnnxNetwork(tiny_artifact)
     rows, cols = _dense(art, "row"), _dense(art, "col")
+    # The branches' inputs as the service builds them, from the one index of the known ratings.
+    np.testing.assert_array_equal(art.train.dense_rows(np.arange(art.config.n_users)), rows)
+    np.testing.assert_array_equal(art.train.dense_cols(np.arange(art.config.n_items)), cols)
     with torch.no_grad():
         u_torch = model.embed_rows(torch.from_numpy(rows)).numpy()
         v_torch = model.embed_cols(torch.from_numpy(cols)).numpy()
@@ -57,104 +67,139 @@ def test_onnx_matches_torch_and_the_stored_embeddings(tiny_artifact: Path) -> No
     assert onnx.embed_users(rows[:1]).shape == (1, art.config.embedding_dim)
 
 
-def test_artifact_stores_the_known_field_of_its_exact_settings(tiny_artifact: Path) -> None:
-    art = load_artifact(tiny_artifact)
-    exact_cfg = replace(art.inference, mode="exact")
+def test_artifact_stores_the_known_field_of_its_exact_settings(exact_artifact: Path) -> None:
+    art = load_artifact(exact_artifact)
+    assert art.inference.mode == "exact" and art.inference.crf.gamma == 0.5  # --set inference.crf.gamma=0.5
     assert art.known_field is not None
-    stored_key, stored = art.known_field
+    stored = art.known_field
     # The field covers every known rating: those trained on and the held-out validation ratings.
-    assert len(art.held_out_rows) > 0
-    rows, cols, values = art.known()
-    assert len(rows) == len(art.train_rows) + len(art.held_out_rows)
-    fresh_model = ScoringModel(
-        config=art.config,
-        user_emb=art.user_embeddings.astype(np.float64),
-        item_emb=art.item_embeddings.astype(np.float64),
-        bilinear=art.bilinear.astype(np.float64),
-        known_rows=rows,
-        known_cols=cols,
-        known_values=values,
-    )
-    assert stored_key == fresh_model.field_key(exact_cfg)
-    fresh = fresh_model.known_field(exact_cfg)
+    assert len(art.held_out) > 0
+    known = art.known()
+    assert len(known) == len(art.train) + len(art.held_out)
+    fresh = _exact_scorer(load_network(art), known, art.inference)
+    assert fresh.field_source == "computed"
+    assert FieldKey.from_json(stored.key) == fresh.key and fresh.key.n_known == len(known)
+    assert fresh.key.gamma == 0.5 != art.config.gamma
     d = art.config.embedding_dim + 1
     assert stored.g.shape == (art.config.n_levels, d, d)
-    np.testing.assert_allclose(stored.g, fresh.g, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(stored.h, fresh.h, rtol=1e-12, atol=1e-12)
-    # A loaded model serves these settings without recomputing, and only these.
-    model = art.scoring_model()
-    assert model.has_field(exact_cfg)
-    assert not model.has_field(replace(exact_cfg, gamma=art.config.gamma * 2 + 0.1))
-    assert model.known_field(exact_cfg) is stored
+    np.testing.assert_allclose(stored.g, fresh.field.g, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(stored.h, fresh.field.h, rtol=1e-12, atol=1e-12)
+    assert stored.t is None  # no line terms
+    # A loaded artifact serves these settings without recomputing, and only these.
+    _, scorer = artifact_scorer(art)
+    assert isinstance(scorer, ExactScorer) and scorer.field_source == "artifact"
+    assert scorer.field.g is stored.g
+    other = art.inference.with_overrides({"crf.gamma": art.config.gamma * 2 + 0.1})
+    _, recomputed = artifact_scorer(art, other)
+    assert isinstance(recomputed, ExactScorer) and recomputed.field_source == "computed"
     # The tiny artifact's compatibility is truncated: every level's G is read.
-    assert stored.interp is None
+    assert scorer.field.interp is None
+
+
+def test_a_paper_artifact_stores_no_known_field(tiny_artifact: Path) -> None:
+    art = load_artifact(tiny_artifact)
+    assert art.inference.mode == "paper"
+    assert art.known_field is None
+    assert not (tiny_artifact / KNOWN_FIELD).exists()
 
 
 def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: Path) -> None:
     art = load_artifact(tiny_artifact)
-    lines_cfg = replace(art.inference, mode="exact", known="predicted", same_user=2.0, same_item=0.5)
-    lines_cfg = replace(
-        lines_cfg, co_rating=3.0, co_rating_user=2.0, co_rating_prior=0.2, co_rating_shrink=4.0
+    lines_cfg = art.inference.with_overrides(
+        {
+            "mode": "exact",
+            "kernel.known": "predicted",
+            "kernel.same_user": 2.0,
+            "kernel.same_item": 0.5,
+            "kernel.co_rating": 3.0,
+            "kernel.co_rating_user": 2.0,
+            "kernel.co_rating_prior": 0.2,
+            "kernel.co_rating_shrink": 4.0,
+        }
     )
-    model = art.scoring_model()
-    key, field = model.field_key(lines_cfg), model.known_field(lines_cfg)
-    assert field.t is not None and field.t.shape == (len(art.known()[0]), art.config.n_levels)
-    save_known_field(tmp_path / KNOWN_FIELD, key, field)
-    loaded_key, loaded = _load_known_field(tmp_path / KNOWN_FIELD, art.config)
-    assert loaded_key == key and key[-3:] == (0.2, 2.0, 4.0)  # pseudo-count, user term, shrinkage
+    network, known = load_network(art), art.known()
+    scorer = _exact_scorer(network, known, lines_cfg)
+    key, field = scorer.key, scorer.field
+    assert field.t is not None and field.t.shape == (len(known), art.config.n_levels)
+    save_known_field(tmp_path, key.to_json(), field.g, field.h, field.t)
+    loaded = _load_known_field(tmp_path, art.config, len(known))
+    assert loaded is not None and FieldKey.from_json(loaded.key) == key
+    # pseudo-count, user term, shrinkage
+    assert (key.co_rating_prior, key.co_rating_user, key.co_rating_shrink) == (0.2, 2.0, 4.0)
     np.testing.assert_array_equal(loaded.t, field.t)
-    untruncated = replace(lines_cfg, tau=1e9)  # a loaded field reads 3 anchor levels, like a fresh one
+    untruncated = lines_cfg.with_overrides({"crf.tau": 1e9})  # a loaded field reads 3 anchor levels
+    plain = _exact_scorer(network, known, untruncated)
+    assert plain.field.interp is not None
+    (tmp_path / "untruncated").mkdir()
     save_known_field(
-        tmp_path / "untruncated.npz", model.field_key(untruncated), model.known_field(untruncated)
+        tmp_path / "untruncated", plain.key.to_json(), plain.field.g, plain.field.h, plain.field.t
     )
-    assert model.known_field(untruncated).interp is not None
-    assert _load_known_field(tmp_path / "untruncated.npz", art.config)[1].interp is not None
-    fresh = art.scoring_model()
-    fresh.add_field(loaded_key, loaded)
-    rows, cols = art.train_rows[:5], (art.train_cols[:5] + 1) % art.config.n_items
+    again = _load_known_field(tmp_path / "untruncated", art.config, len(known))
+    from_stored = _exact_scorer(network, known, untruncated, again)
+    assert from_stored.field_source == "artifact" and from_stored.field.interp is not None
+    fresh = _exact_scorer(network, known, lines_cfg, loaded)
+    assert fresh.field_source == "artifact"
+    rows, cols = art.train.rows[:5], (art.train.cols[:5] + 1) % art.config.n_items
     np.testing.assert_allclose(
-        predict_entries(fresh, rows, cols, lines_cfg),
-        predict_entries(model, rows, cols, lines_cfg),
+        predict_distributions(network, fresh, rows, cols),
+        predict_distributions(network, scorer, rows, cols),
         rtol=1e-12,
     )
-    # Weights without the known entries' distributions (or the reverse) are refused.
-    zeros = {k: np.float64(0) for k in ("same_user", "same_item", "co_rating", "co_rating_user")}
-    np.savez(tmp_path / "broken.npz", **{**dict(np.load(tmp_path / KNOWN_FIELD)), **zeros})
-    with pytest.raises(ValueError, match="line terms"):
-        _load_known_field(tmp_path / "broken.npz", art.config)
+    # Distributions of another number of known entries are refused.
+    np.savez(tmp_path / KNOWN_FIELD, g=field.g, h=field.h, t=field.t[1:])
+    with pytest.raises(ValueError, match="t has shape"):
+        _load_known_field(tmp_path, art.config, len(known))
+
+
+def test_a_stored_field_missing_the_line_terms_distributions_is_refused_or_recomputed(
+    tiny_artifact: Path, tmp_path: Path
+) -> None:
+    # A field whose key has line terms but that lacks their distributions is not served from.
+    art = load_artifact(tiny_artifact)
+    lines_cfg = art.inference.with_overrides({"mode": "exact", "kernel.same_user": 2.0})
+    network, known = load_network(art), art.known()
+    scorer = _exact_scorer(network, known, lines_cfg)
+    save_known_field(tmp_path, scorer.key.to_json(), scorer.field.g, scorer.field.h, None)
+    try:
+        loaded = _load_known_field(tmp_path, art.config, len(known))
+    except (ValueError, ArtifactError):
+        return  # refused at load
+    served = _exact_scorer(network, known, lines_cfg, loaded)
+    assert served.field_source == "computed"
+    rows, cols = art.train.rows[:5], (art.train.cols[:5] + 1) % art.config.n_items
+    predict_distributions(network, served, rows, cols)
 
 
 def test_held_out_ratings_are_known_at_test_time_but_not_when_scored(
-    tiny_artifact: Path, synthetic_csv: Path
+    exact_artifact: Path, synthetic_csv: Path
 ) -> None:
-    art = load_artifact(tiny_artifact)
+    art = load_artifact(exact_artifact)
     ds = art.meta["dataset"]
     split = load_dataset(ds["name"], synthetic_csv, split=ds["split"], seed=ds["seed"])
     val = held_out(art, split, "val")
     rows, cols = map_entries(art, split.user_ids, split.item_ids, val)
     # The artifact keeps exactly the validation ratings the trainer carved, apart from the trained-on ones.
-    assert sorted(zip(art.held_out_rows, art.held_out_cols, strict=True)) == sorted(
+    assert sorted(zip(art.held_out.rows, art.held_out.cols, strict=True)) == sorted(
         zip(rows, cols, strict=True)
     )
-    trained = set(zip(art.train_rows, art.train_cols, strict=True))
+    trained = set(zip(art.train.rows, art.train.cols, strict=True))
     assert not trained & set(zip(rows, cols, strict=True))
-    with_held = art.scoring_model()
-    without = art.scoring_model(include_held_out=False)
-    assert len(with_held.known_rows) == len(art.train_rows) + len(val)
-    np.testing.assert_array_equal(without.known_rows, art.train_rows)
+    _, with_held = artifact_scorer(art)
+    _, without = artifact_scorer(art, include_held_out=False)
+    assert isinstance(with_held, ExactScorer) and isinstance(without, ExactScorer)
+    assert len(with_held.known) == len(art.train) + len(val)
+    np.testing.assert_array_equal(without.known.rows, art.train.rows)
     # Scoring the validation ratings leaves them out of the known ratings (and out of the stored field,
     # computed with them): dcmc evaluate --on val equals a model over the trained-on ratings alone.
-    exact_cfg = replace(art.inference, mode="exact", known="clamped", co_rating=5.0)
-    assert not without.has_field(replace(art.inference, mode="exact"))
-    fresh = ScoringModel(
-        config=art.config,
-        user_emb=art.user_embeddings.astype(np.float64),
-        item_emb=art.item_embeddings.astype(np.float64),
-        bilinear=art.bilinear.astype(np.float64),
-        known_rows=art.train_rows,
-        known_cols=art.train_cols,
-        known_values=art.train_values,
+    assert with_held.field_source == "artifact" and without.field_source == "computed"
+    exact_cfg = art.inference.with_overrides({"kernel.known": "clamped", "kernel.co_rating": 5.0})
+    network = Network(
+        art.config,
+        art.user_embeddings.astype(np.float64),
+        art.item_embeddings.astype(np.float64),
+        art.bilinear.astype(np.float64),
     )
-    expected = expected_rating(predict_entries(fresh, rows, cols, exact_cfg), art.levels)
+    fresh = build_scorer(network, art.train, exact_cfg)
+    expected = expected_rating(predict_distributions(network, fresh, rows, cols), art.levels)
     np.testing.assert_allclose(predict_ratings(art, rows, cols, exact_cfg, include_held_out=False), expected)
     assert not np.allclose(predict_ratings(art, rows, cols, exact_cfg), expected)  # their own labels leak

@@ -53,6 +53,40 @@ def test_blocks_cover_every_entry_once_and_reshuffle() -> None:
     assert len(epoch_blocks(matrix, "pass", 8, 8, seed=0, epoch=0)) <= 4
 
 
+def test_rating_matrix_reads_one_index_of_the_ratings() -> None:
+    entries = _entries()
+    matrix = RatingMatrix(30, 20, entries)
+    dense = np.zeros((30, 20), dtype=np.float32)
+    dense[entries.rows, entries.cols] = entries.values
+    assert len(matrix.ratings) == len(entries) and matrix.ratings.n_users == 30
+    np.testing.assert_array_equal(matrix.by_row.toarray(), dense)
+    idx = np.array([3, 0, 29, 3])
+    np.testing.assert_array_equal(matrix.rows(idx).numpy(), dense[idx])
+    np.testing.assert_array_equal(matrix.cols(idx[:3] % 20).numpy(), dense.T[idx[:3] % 20])
+    assert matrix.rows(idx).dtype == torch.float32
+
+
+def test_split_overrides_routes_model_train_and_inference_settings() -> None:
+    from training.pipeline import split_overrides
+
+    model, train_over, inference = split_overrides(
+        {
+            "gamma": "0.1",
+            "epochs": "3",
+            "hidden": "8,4",
+            "inference.crf.gamma": "2",
+            "inference.mode": "exact",
+        }
+    )
+    assert model == {"gamma": 0.1, "hidden": (8, 4)}
+    assert train_over == {"epochs": 3}
+    assert inference == {"crf.gamma": "2", "mode": "exact"}  # converted by InferenceConfig.with_overrides
+    with pytest.raises(ConfigError, match="unknown setting 'gama'"):
+        split_overrides({"gama": "1"})
+    with pytest.raises(ConfigError, match="comes from the data"):
+        split_overrides({"levels": "1,2"})
+
+
 def test_level_index_picks_the_nearest_level() -> None:
     levels = np.array([0.5, 1.0, 1.5, 5.0])
     assert nearest_level(np.array([0.5, 1.0, 1.2, 1.3, 4.0, 5.0]), levels).tolist() == [0, 1, 1, 2, 3, 3]
@@ -62,8 +96,8 @@ def test_training_beats_global_mean_by_a_wide_margin(tiny_artifact: Path, synthe
     data = load_dataset("csv", synthetic_csv, split="random")
     global_mean = float(np.mean(data.train.values))
     baseline = float(np.sqrt(np.mean((data.test.values - global_mean) ** 2)))
-    for mode in ("none", "paper"):
-        result = evaluate(tiny_artifact, synthetic_csv, mode=mode)
+    for mode in ("none", "paper", "exact"):
+        result = evaluate(tiny_artifact, synthetic_csv, overrides={"mode": mode})
         assert result["n"] == len(data.test)
         assert result["rmse"] < 0.8 * baseline, (mode, result["rmse"], baseline)
 
@@ -244,18 +278,21 @@ def test_default_inference_per_dataset() -> None:
     # mixed with the bias baseline, more on YahooMusic.
     for dataset, widest in (("yahoo_music", 99.0), ("flixster", 4.5)):
         inference = preset(dataset).inference
-        assert (inference.mode, inference.known, inference.scaling) == ("exact", "clamped", "normalized")
-        assert inference.same_user > 0 and inference.same_item > 0 and inference.co_rating > 0
-        assert inference.tau is not None and inference.tau > widest**2 > preset(dataset).model["tau"]
-        assert 0 < inference.baseline < 1
-    assert preset("yahoo_music").inference.baseline > preset("flixster").inference.baseline
+        kernel = inference.kernel
+        assert (inference.mode, kernel.known, kernel.scaling) == ("exact", "clamped", "normalized")
+        assert kernel.same_user > 0 and kernel.same_item > 0 and kernel.co_rating > 0
+        tau = inference.crf.tau
+        assert tau is not None and tau > widest**2 > preset(dataset).model["tau"]
+        assert 0 < inference.output.baseline < 1
+    assert preset("yahoo_music").inference.output.baseline > preset("flixster").inference.output.baseline
     # ML-100K and Douban: the same, with the item- and user-based co-rating terms (and their pseudo-count)
     # instead of the line terms.
     for dataset in ("ml-100k", "douban"):
         inference = preset(dataset).inference
-        assert (inference.mode, inference.known, inference.scaling) == ("exact", "clamped", "normalized")
-        assert inference.co_rating > 0 and inference.co_rating_user > 0 and inference.co_rating_prior > 0
-        assert inference.same_user == 0 and inference.same_item == 0 and inference.baseline == 0
+        kernel = inference.kernel
+        assert (inference.mode, kernel.known, kernel.scaling) == ("exact", "clamped", "normalized")
+        assert kernel.co_rating > 0 and kernel.co_rating_user > 0 and kernel.co_rating_prior > 0
+        assert kernel.same_user == 0 and kernel.same_item == 0 and inference.output.baseline == 0
     for dataset in ("epinions", "csv"):
         assert preset(dataset).inference.mode == "none"
     assert preset("flixster").train.ema_decay == 0.99 and preset("flixster", "paper").train.ema_decay == 0

@@ -1,0 +1,99 @@
+"""The one index of known ratings (model/ratings.py) and the numpy base network (model/engine.Network)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model.config import ModelConfig
+from model.engine import Network, label_probabilities
+from model.ratings import LineIndex, Ratings, ranges
+
+
+def _ratings(seed: int = 0, n: int = 7, m: int = 5) -> Ratings:
+    """Ratings in a shuffled order, user 6 and item 4 without any."""
+    rng = np.random.default_rng(seed)
+    rows, cols = np.nonzero(rng.random((n - 1, m - 1)) < 0.6)
+    order = rng.permutation(len(rows))
+    return Ratings(rows[order], cols[order], rng.integers(1, 6, len(rows)).astype(float), n, m)
+
+
+def test_ranges_concatenates_aranges() -> None:
+    owner, pos = ranges(np.array([10, 0, 5]), np.array([2, 0, 3]))
+    assert owner.tolist() == [0, 0, 2, 2, 2]
+    assert pos.tolist() == [10, 11, 5, 6, 7]
+    owner, pos = ranges(np.array([], dtype=np.int64), np.array([], dtype=np.int64))
+    assert len(owner) == len(pos) == 0
+
+
+def test_line_index_groups_entries_keeping_their_order() -> None:
+    line = np.array([2, 0, 2, 3, 0, 2])
+    index = LineIndex(line, 5)
+    assert index.of(0).tolist() == [1, 4]
+    assert index.of(1).tolist() == []
+    assert index.of(2).tolist() == [0, 2, 5]
+    assert index.of(4).tolist() == []
+    assert index.counts(np.array([0, 1, 2, 3, 4])).tolist() == [2, 0, 3, 1, 0]
+    members, counts = index.members(np.array([3, 0, 1]))
+    assert members.tolist() == [3, 1, 4] and counts.tolist() == [1, 2, 0]
+
+
+def test_ratings_index_rows_and_columns() -> None:
+    r = _ratings()
+    assert r.rows.dtype == r.cols.dtype == np.int64 and r.values.dtype == np.float64
+    dense = np.zeros((7, 5))
+    dense[r.rows, r.cols] = r.values
+    for i in range(7):
+        assert sorted(r.cols[r.by_row.of(i)].tolist()) == np.flatnonzero(dense[i]).tolist()
+        assert (np.diff(r.by_row.of(i)) > 0).all()  # in the order given
+    for j in range(5):
+        assert sorted(r.rows[r.by_col.of(j)].tolist()) == np.flatnonzero(dense[:, j]).tolist()
+    users, items = np.array([6, 0, 3, 0]), np.array([4, 1, 2])
+    got_rows, got_cols = r.dense_rows(users), r.dense_cols(items)
+    assert got_rows.dtype == got_cols.dtype == np.float32
+    np.testing.assert_array_equal(got_rows, dense[users])
+    np.testing.assert_array_equal(got_cols, dense.T[items])
+    assert not got_rows[0].any() and not got_cols[0].any()  # nobody rated: zeros
+    for by, matrix in (("row", dense), ("col", dense.T)):
+        data, indices, indptr = r.csr_arrays(by)
+        rebuilt = np.zeros_like(matrix)
+        for line in range(len(indptr) - 1):
+            rebuilt[line, indices[indptr[line] : indptr[line + 1]]] = data[indptr[line] : indptr[line + 1]]
+        np.testing.assert_array_equal(rebuilt, matrix)
+    no_index = np.empty(0, dtype=np.int64)
+    empty = Ratings(no_index, no_index, np.empty(0), 3, 2)
+    assert len(empty) == 0 and not empty.dense_rows(np.arange(3)).any()
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "values", "match"),
+    [
+        ([0, 7], [0, 1], [1.0, 2.0], "outside the 7 x 5 matrix"),
+        ([0, 1], [0, 5], [1.0, 2.0], "outside"),
+        ([-1, 1], [0, 1], [1.0, 2.0], "outside"),
+        ([0, 1], [0], [1.0, 2.0], "differ in length"),
+    ],
+)
+def test_ratings_outside_the_matrix_are_refused(rows, cols, values, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=match):
+        Ratings(np.array(rows), np.array(cols), np.array(values), 7, 5)
+
+
+def test_network_is_the_base_network_in_float64() -> None:
+    rng = np.random.default_rng(1)
+    cfg = ModelConfig(n_users=6, n_items=4, levels=(1, 2, 3), hidden=(3,))
+    user, item, bilinear = rng.normal(size=(6, 3)), rng.normal(size=(4, 3)), rng.normal(size=(3, 3, 3))
+    net = Network(cfg, user.astype(np.float32), item.astype(np.float32), bilinear.astype(np.float32))
+    assert net.user_emb.dtype == net.bilinear.dtype == np.float64
+    assert (net.n_users, net.n_items) == (6, 4) and net.levels.tolist() == [1.0, 2.0, 3.0]
+    np.testing.assert_allclose(np.linalg.norm(net.user_unit, axis=1), 1.0)
+    rows, cols = np.array([0, 5, 2]), np.array([3, 0, 0])
+    np.testing.assert_allclose(
+        net.probabilities(rows, cols),
+        label_probabilities(net.user_emb, net.item_emb, net.bilinear, rows, cols),
+        rtol=1e-15,
+    )
+    sim = net.entry_similarity(rows, cols)
+    u, v = net.user_unit, net.item_unit
+    assert sim[0, 1] == pytest.approx((1 + u[0] @ u[5]) / 2 * (1 + v[3] @ v[0]) / 2)
+    np.testing.assert_allclose(np.diag(sim), 1.0)
