@@ -1,8 +1,8 @@
 """The scoring side of the service: the artifact's model, the embedding tiers and the ONNX branches.
 
-Everything per model is prepared once at start-up (verified artifact, known-entry probabilities, the random
-partitions of the inference setting with their similarity tables); a request then only looks up its
-embeddings and runs the mean-field layers over the blocks its entries fall in.
+Everything per model is prepared once at start-up: the verified artifact and the scorer of its inference
+mode (model/scorers.py: the `paper` mode's partitions, or the `exact` mode's known field and tables). A
+request then only looks up its embeddings and runs the scorer on its entries.
 """
 
 from __future__ import annotations

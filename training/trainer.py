@@ -61,6 +61,7 @@ class RatingMatrix:
         self.ratings = Ratings(entries.rows, entries.cols, entries.values, n_users, n_items)
         data, indices, indptr = self.ratings.csr_arrays("row")
         self.by_row = sp.csr_matrix((data.astype(np.float32), indices, indptr), shape=(n_users, n_items))
+        self.by_row.sort_indices()  # canonical order: a block lists its entries row by row, by column
         self.n_users, self.n_items = n_users, n_items
 
     def rows(self, idx: np.ndarray) -> torch.Tensor:

@@ -301,3 +301,21 @@ def test_default_inference_per_dataset() -> None:
     )
     assert preset("flixster").train.input_dropout == 0
     assert preset("yahoo_music", "paper").inference.mode == "paper"
+
+
+def test_blocks_list_their_entries_as_the_canonical_csr_does() -> None:
+    # The trainer's batches (and so its trained weights) depend on the order a block lists its entries:
+    # row by row, by column, as scipy's canonical CSR of the same ratings does.
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(3)
+    n, m = 40, 30
+    flat = rng.choice(n * m, size=500, replace=False)
+    entries = Entries(flat // m, flat % m, rng.integers(1, 6, size=500).astype(np.float64))
+    matrix = RatingMatrix(n, m, entries)
+    reference = sp.coo_matrix((entries.values, (entries.rows, entries.cols)), shape=(n, m)).tocsr()
+    rows, cols = rng.permutation(n)[:17], rng.permutation(m)[:11]
+    block, ref = matrix.block(rows, cols), reference[rows][:, cols].tocoo()
+    np.testing.assert_array_equal(block.node_rows, ref.row)
+    np.testing.assert_array_equal(block.node_cols, ref.col)
+    np.testing.assert_array_equal(block.values, ref.data)
