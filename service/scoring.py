@@ -108,6 +108,15 @@ class Scorer:
             self.store.shared.close()
 
     # -- queries -----------------------------------------------------------------------------------------
+    def user_index(self, user: str) -> int:
+        """The internal index of an external user id (UnknownIdError when the service knows no such user)."""
+        return self.artifact.users.index(user)
+
+    def rated_items(self, user: int) -> np.ndarray:
+        """The items `user` has rated (training, held-out and online ratings): sorted item indices."""
+        known = self.artifact.known()
+        return np.unique(known.cols[known.by_row.of(user)])
+
     def _compute(self, kind: Kind, idx: np.ndarray) -> np.ndarray:
         """Embeddings through the ONNX row/column branch from the known ratings: (b, d) float32."""
         with self._onnx_lock:
