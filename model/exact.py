@@ -53,6 +53,7 @@ G_u = sum_l (sum_v Q_l[v] C[u, v]) a b^T is a quadratic polynomial in L_u: three
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -651,11 +652,69 @@ class ExactScorer:
                 output.baseline_item_shrink,
             )
 
-    def _lines(self) -> Lines | None:
-        """The kernel's line and co-rating terms (None when every weight is 0), with their tables."""
+    def updated(self, network: Network, known: Ratings, users: IntArray) -> ExactScorer:
+        """The scorer once ratings arrived online: `network` and `known` include them (users may have been
+        added at the end), `users` are those whose ratings or embeddings changed.
+
+        With clamped known entries and normalized or summed messages the field changes by those users'
+        terms alone, G += a_i' (sum_l t_l b_l)' - a_i (sum_l t_l b_l) over each user's old and new row, in
+        O(|their ratings| p D + |users| p D^2): it is never rebuilt. Otherwise (known entries updated by the
+        network, or messages scaled by n x m) it is recomputed. The co-rating tables stay those of the
+        artifact's ratings until the next training (a new user has no neighbours in the user table); the
+        bias baseline refits the changed users' biases against the artifact's item biases."""
+        new = copy.copy(self)
+        new.network, new.known = network, known
+        new.user_lifted = lift(network.user_unit)
+        new.lines = new._lines(self.lines)
+        scale = self.field.scale * self.network.n_users / network.n_users
+        if self.kernel.known == "clamped" and self.kernel.scaling != "scaled":
+            g, h = self.field.g.copy(), self.field.h.copy()
+            for user in np.asarray(users, dtype=np.int64):
+                for scorer, sign in ((self, -1.0), (new, 1.0)):
+                    if user >= scorer.network.n_users:
+                        continue  # a new user had no terms
+                    pos = scorer.known.by_row.of(int(user))
+                    labels = nearest_level(scorer.known.values[pos], scorer.network.levels)
+                    t = scorer.compat[labels]  # (r, p)
+                    b = scorer.item_lifted[scorer.known.cols[pos]]  # (r, D)
+                    a = scorer.user_lifted[user]  # (D,)
+                    g += sign * a[None, :, None] * (t.T @ b)[:, None, :]
+                    h += sign * np.outer(a, b.sum(axis=0))
+            lines_on = new.lines is not None and new.lines.active
+            t_all = self.compat[nearest_level(known.values, network.levels)] if lines_on else None
+            new.field = KnownField(
+                g=g, h=h, scaling=self.kernel.scaling, scale=scale, t=t_all, interp=self.field.interp
+            )
+        else:
+            new.field = new._known_field(scale)
+        new.field_source = "online"
+        if self.biases is not None:
+            mu, old_b, c = self.biases
+            b = np.zeros(network.n_users)
+            b[: len(old_b)] = old_b
+            for user in np.asarray(users, dtype=np.int64):
+                pos = known.by_row.of(int(user))
+                residual = known.values[pos] - mu - c[known.cols[pos]]
+                b[user] = residual.sum() / (len(pos) + self.output.baseline_user_shrink)
+            new.biases = (mu, b, c)
+        return new
+
+    def _lines(self, tables: Lines | None = None) -> Lines | None:
+        """The kernel's line and co-rating terms (None when every weight is 0), with their tables (those
+        of `tables` when given: the user table grows by zero rows and columns for new users)."""
         k, known, net = self.kernel, self.known, self.network
         if not any((k.same_user, k.same_item, k.co_rating, k.co_rating_user)):
             return None
+        if tables is not None:
+            users = tables.user_affinity
+            if users is not None and len(users) < net.n_users:
+                grown = np.zeros((net.n_users, net.n_users))
+                grown[: len(users), : len(users)] = users
+                users = grown
+            return Lines(
+                k.same_user, k.same_item, known, k.co_rating, tables.affinity, k.co_rating_prior,
+                k.co_rating_user, users,
+            )  # fmt: skip
         items = users = None
         if k.co_rating > 0:
             items = co_rating_affinity(

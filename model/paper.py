@@ -107,11 +107,15 @@ class PaperScorer:
         settings: PaperSettings,
         message_scaling: MessageScaling = "sum",
     ) -> None:
-        self.network, self.known, self.crf = network, known, crf
+        self.network, self.known, self.crf, self.settings = network, known, crf, settings
         self.message_scaling = message_scaling
         self.compat = compatibility_matrix(network.levels, crf.tau)
         self.known_probs = network.probabilities(known.rows, known.cols)  # (N, p)
         self.parts = draw_partitions(network, known, settings)
+
+    def updated(self, network: Network, known: Ratings, users: IntArray) -> PaperScorer:
+        """The scorer once ratings arrived online: the partitions are drawn again over the grown matrix."""
+        return PaperScorer(network, known, self.crf, self.settings, self.message_scaling)
 
     def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
         """Final distributions of the queried entries (rows[k], cols[k]): (K, p), the average over the

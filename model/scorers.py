@@ -27,6 +27,10 @@ class Scorer(Protocol):
         """(K, p) distributions of the entries (rows[k], cols[k])."""
         ...
 
+    def updated(self, network: Network, known: Ratings, users: IntArray) -> Scorer:
+        """The scorer once ratings arrived online (`users`: those whose row or embedding changed)."""
+        ...
+
 
 class NetworkScorer:
     """The base network alone: the query's own probabilities."""
@@ -34,6 +38,10 @@ class NetworkScorer:
     def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
         """The base network's distributions, unchanged."""
         return query_probs
+
+    def updated(self, network: Network, known: Ratings, users: IntArray) -> NetworkScorer:
+        """Nothing to update: the new embeddings are the network's."""
+        return self
 
 
 def build_scorer(

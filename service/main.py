@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from model.artifact import load_artifact
 from service.metrics import Metrics, MetricsMiddleware
-from service.routes import ops, predict, users
+from service.routes import items, ops, predict, ratings, users
 from service.scoring import Scorer
 from service.settings import Settings, get_settings
 
@@ -19,12 +24,28 @@ log = logging.getLogger(__name__)
 
 
 def _load(settings: Settings, metrics: Metrics) -> Scorer:
-    """Verify and load the artifact, precompute, and seed the cache tiers (runs in a thread)."""
+    """Verify and load the artifact, precompute, and replay the online ratings (runs in a thread)."""
     artifact = load_artifact(settings.artifacts)  # ArtifactError stops start-up
     scorer = Scorer(artifact, settings, metrics)
-    outcome = scorer.populate()
-    log.info("embedding tiers seeded: %s", outcome)
+    scorer.start()
     return scorer
+
+
+def _finite(value: Any) -> Any:
+    """`value` with non-finite floats spelt as strings, so that a 422 can echo a NaN it refused."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 body, but one that JSON can hold whatever the request sent (NaN, Infinity)."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": _finite(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -51,7 +72,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.scorer = None
     app.include_router(predict.router)
     app.include_router(users.router)
+    app.include_router(items.router)
+    app.include_router(ratings.router)
     app.include_router(ops.router)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one app: request counts and latencies per route, embedding-cache outcomes.
+"""Prometheus metrics of one app: request counts and latencies per route, online ratings, Redis errors.
 
 With several uvicorn workers, `python -m service` sets PROMETHEUS_MULTIPROC_DIR; each worker then writes
 its samples to files there and /metrics adds up every worker (prometheus_client's multi-process mode).
@@ -41,21 +41,19 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.cache = Counter(
-            "dcmc_embedding_cache",
-            "Embedding look-ups by tier (local, redis) and result (hit, miss).",
-            ["tier", "result"],
+        self.ratings_written = Counter(
+            "dcmc_ratings_written",
+            "Online ratings this worker stored in Redis (acknowledged writes).",
             registry=self.registry,
         )
-        self.computed = Counter(
-            "dcmc_embeddings_computed",
-            "Embeddings recomputed by the ONNX branches (in neither tier).",
-            ["kind"],
+        self.ratings_applied = Counter(
+            "dcmc_ratings_applied",
+            "Online ratings this worker folded into its model (from the Redis stream, any writer).",
             registry=self.registry,
         )
         self.redis_errors = Counter(
             "dcmc_redis_errors",
-            "Redis calls that failed (the request went on without Redis).",
+            "Redis calls that failed (reads went on with the model as it was).",
             registry=self.registry,
         )
 

@@ -2,20 +2,71 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
+
+MAX_ID_LENGTH = 256
+"""The longest external id (user or item) a request may carry, in characters."""
+ID_TYPE_MESSAGE = "Input should be a valid string or integer id (not a boolean, float or null)"
+"""The 422 message (type `id_type`) of an id that is neither a string nor an integer."""
+
+
+class _ExternalIdSchema:
+    """Validation of one external id: a JSON string, or a JSON integer read as its decimal string.
+
+    Integers come in as the same id: `196` means `"196"`. Booleans (an int in Python), floats (`1.0`
+    included: `"1"` and `"1.0"` would be different ids), null and anything else are rejected, and so is an
+    id outside 1..MAX_ID_LENGTH characters. All of it runs in pydantic-core; only integers call `str`.
+    """
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        either = core_schema.union_schema(
+            [
+                core_schema.str_schema(strict=True),
+                core_schema.no_info_after_validator_function(str, core_schema.int_schema(strict=True)),
+            ],
+            custom_error_type="id_type",
+            custom_error_message=ID_TYPE_MESSAGE,
+        )
+        return core_schema.chain_schema(
+            [either, core_schema.str_schema(min_length=1, max_length=MAX_ID_LENGTH)]
+        )
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {
+            "anyOf": [
+                {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+                {"type": "integer"},
+            ]
+        }
+
+
+ExternalId = Annotated[str, _ExternalIdSchema()]
+"""An external user or item id in a request body: a string, or an integer taken as its decimal string."""
 
 
 class PredictRequest(BaseModel):
     """Rating queries for one user."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"user": "196", "items": ["242", "302"]}]}
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"user": "196", "items": ["242", "302"]}, {"user": 196, "items": [242, "302"]}]
+        },
     )
 
-    user: str = Field(min_length=1, description='External user id, as in the dataset (MovieLens: "196").')
-    items: list[str] = Field(min_length=1, description="External item ids; answered in this order.")
+    user: ExternalId = Field(
+        description='External user id, as in the dataset (MovieLens: "196"); an integer means its decimal '
+        "string."
+    )
+    items: list[ExternalId] = Field(
+        min_length=1, description="External item ids (strings or integers); answered in this order."
+    )
     distribution: bool = Field(default=False, description="Also return each rating's label distribution.")
 
 
@@ -51,12 +102,34 @@ class SimilarUsersResponse(BaseModel):
     similar: list[SimilarUser]
 
 
+class SimilarItem(BaseModel):
+    """One neighbouring item and its learned similarity."""
+
+    item: str
+    score: float = Field(description="Scaled cosine s_c = (1 + cos) / 2 of the item embeddings, in [0, 1].")
+
+
+class SimilarItemsResponse(BaseModel):
+    """The most similar other items, most similar first."""
+
+    item: str
+    model_version: str
+    similar: list[SimilarItem]
+
+
 class Health(BaseModel):
-    """Liveness and the state of the shared cache tier."""
+    """Liveness, and the state of the online ratings' Redis."""
 
     status: Literal["ok", "degraded", "starting"]
     model_version: str | None
     redis: Literal["ok", "down", "disabled", "unknown"]
+    durable: bool | None = Field(
+        default=None,
+        description="Whether Redis keeps acknowledged ratings through a crash (append-only file, fsync "
+        "always); false means acknowledged ratings can be lost.",
+    )
+    writes: str | None = Field(default=None, description="`enabled`, or why POST /ratings is off.")
+    online_ratings: int | None = Field(default=None, description="Online ratings this worker has applied.")
 
 
 class Ready(BaseModel):

@@ -1,8 +1,9 @@
-"""The scoring side of the service: the artifact's model, the embedding tiers and the ONNX branches.
+"""The scoring side of the service: the artifact's model with every online rating folded in.
 
 Everything per model is prepared once at start-up: the verified artifact and the scorer of its inference
-mode (model/scorers.py: the `paper` mode's partitions, or the `exact` mode's known field and tables). A
-request then only looks up its embeddings and runs the scorer on its entries.
+mode (model/scorers.py: the `paper` mode's partitions, or the `exact` mode's known field and tables). The
+online ratings (service/online.py, in Redis) are then replayed and followed: each one updates this
+worker's model (model/online.py). A request reads the current model state once and scores its entries.
 """
 
 from __future__ import annotations
@@ -10,15 +11,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
+import redis
 
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating, label_probabilities
-from model.scorers import artifact_scorer, check_inference
-from service.cache import EmbeddingStore, Kind, LocalTier, RedisTier
+from model.ids import UnknownIdError
+from model.online import FoldIn
+from model.scorers import check_inference
+from model.types import Array
 from service.metrics import Metrics
+from service.online import Durability, Entry, Follower, RatingLog
 from service.settings import Settings, inference_overrides
 
 log = logging.getLogger(__name__)
@@ -30,7 +36,7 @@ def effective_inference(stored: InferenceConfig, settings: Settings) -> Inferenc
 
 
 class Scorer:
-    """Answers rating and similarity queries for one artifact."""
+    """Answers rating and similarity queries for one artifact, and takes ratings online."""
 
     def __init__(self, artifact: Artifact, settings: Settings, metrics: Metrics) -> None:
         self.artifact = artifact
@@ -39,11 +45,14 @@ class Scorer:
         self.inference = effective_inference(artifact.inference, settings)
         check_inference(self.inference, self.model_config)
         self.levels = artifact.levels
+        self.metrics = metrics
         self.onnx = OnnxNetwork(artifact.path, threads=settings.onnx_threads)
+        self._onnx_lock = threading.Lock()
+        self._engine_lock = threading.Lock()
         # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
         start = time.perf_counter()
-        self.network, self.crf = artifact_scorer(artifact, self.inference)
-        source = getattr(self.crf, "field_source", None)
+        self.fold = FoldIn(artifact, self.inference, self._embed_rows)
+        source = getattr(self.fold.state.scorer, "field_source", None)
         log.info(
             "model %s ready in %.2fs (inference %s%s)",
             self.version,
@@ -51,106 +60,122 @@ class Scorer:
             self.inference.mode,
             f", known field {source}" if source else "",
         )
-        self._onnx_lock = threading.Lock()
-        self._engine_lock = threading.Lock()
+        self.retry_s = settings.redis_retry_s
+        self.ratings: RatingLog | None = None
+        self.follower: Follower | None = None
+        self.durability = Durability(False, "no Redis configured (REDIS_URL): online ratings are off")
+        self.replayed = settings.redis_url is None
         self._last_probe = 0.0
-        shared = None
         if settings.redis_url:
-            shared = RedisTier(
-                settings.redis_url,
-                prefix=settings.redis_key_prefix,
-                version=self.version,
-                dim=self.model_config.embedding_dim,
-                timeout_s=settings.redis_timeout_s,
-                retry_s=settings.redis_retry_s,
-                metrics=metrics,
-            )
-            shared.on_recover = self._populate_in_background
-        self.store = EmbeddingStore(
-            LocalTier(settings.local_cache_size),
-            shared,
-            {"user": artifact.users.ids, "item": artifact.items.ids},
-            self._compute,
-            metrics,
-        )
+            self.ratings = RatingLog(settings.redis_url, settings.redis_key_prefix, settings.redis_timeout_s)
+            self.follower = Follower(self.ratings, self._apply, metrics, settings.redis_retry_s)
 
-    # -- start-up ----------------------------------------------------------------------------------------
-    def populate(self) -> str:
-        """Seed the tiers: Redis gets every embedding (once per version), else the local tier does."""
-        tables: dict[Kind, tuple[list[str], np.ndarray]] = {
-            "user": (self.artifact.users.ids, self.artifact.user_embeddings),
-            "item": (self.artifact.items.ids, self.artifact.item_embeddings),
-        }
-        if self.store.shared is None:
-            local = self.store.local
-            for kind, (ids, table) in tables.items():
-                room = max(0, local.capacity - len(local))
-                local.put_many([((kind, i), table[i]) for i in range(min(len(ids), room))])
-            return "local"
-        return self.store.shared.populate(tables)
-
-    def _populate_in_background(self) -> None:
-        threading.Thread(target=self.populate, name="redis-populate", daemon=True).start()
-
-    def redis_state(self) -> str:
-        """`disabled` (no REDIS_URL), `ok` or `down` (probed again when down)."""
-        shared = self.store.shared
-        if shared is None:
-            return "disabled"
-        if time.monotonic() - self._last_probe >= shared.retry_s:  # at most one PING per retry interval
-            self._last_probe = time.monotonic()
-            shared.ping()
-        return "ok" if shared.healthy else "down"
+    # -- start-up and shutdown ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Replay the online ratings since the artifact, then follow the stream. When Redis is down the
+        replay is retried by the follower, and /ready answers 503 until it has succeeded."""
+        if self.ratings is None or self.follower is None:
+            return
+        try:
+            self.durability = self.ratings.durability()
+            count = self.follower.catch_up()
+            self.replayed = True
+            log.info("replayed %d online ratings", count)
+        except redis.RedisError as exc:
+            log.error("cannot replay the online ratings yet (%s); not ready until Redis answers", exc)
+        if not self.durability.durable:
+            log.warning("Redis is not durable: %s", self.durability.detail)
+        self.follower.start()
 
     def close(self) -> None:
-        """Release Redis connections."""
-        if self.store.shared is not None:
-            self.store.shared.close()
+        """Stop following the stream and release Redis connections."""
+        if self.follower is not None:
+            self.follower.stop()
+        if self.ratings is not None:
+            self.ratings.close()
+
+    def redis_state(self) -> str:
+        """`disabled` (no REDIS_URL), `ok` or `down` (probed again when down, at most once per retry)."""
+        if self.ratings is None or self.follower is None:
+            return "disabled"
+        if not self.follower.healthy and time.monotonic() - self._last_probe >= self.retry_s:
+            self._last_probe = time.monotonic()
+            try:
+                self.ratings.ping()
+            except redis.RedisError:
+                return "down"
+            return "ok"
+        return "ok" if self.follower.healthy else "down"
+
+    # -- online ratings ----------------------------------------------------------------------------------
+    def _embed_rows(self, rows: Array) -> Array:
+        with self._onnx_lock:
+            return self.onnx.embed_users(rows)
+
+    def _apply(self, entries: list[Entry]) -> None:
+        """Fold stream entries into the model (the follower calls it, in stream order)."""
+        items = self.artifact.items
+        triples = [(e.user, items.index(e.item), e.rating) for e in entries if e.item in items]
+        if len(triples) < len(entries):
+            log.warning(
+                "%d online ratings name items this artifact lacks; skipped", len(entries) - len(triples)
+            )
+        with self._engine_lock:
+            self.fold.apply(triples)
+        if not self.replayed and self.follower is not None and self.follower.healthy:
+            self.replayed = True
+
+    def write(self, ratings: Sequence[tuple[str, str, float]]) -> str:
+        """Store a batch of (user, item, rating) durably in Redis (one transaction), then fold it in here;
+        returns the stream id of its last rating. Raises redis.RedisError (nothing stored) or
+        RuntimeError when online ratings are off."""
+        if self.ratings is None or self.follower is None:
+            raise RuntimeError("online ratings need Redis: set REDIS_URL")
+        last = self.ratings.append(ratings)
+        self.metrics.ratings_written.inc(len(ratings))
+        try:
+            self.follower.catch_up()  # this worker answers with the batch from now on
+        except redis.RedisError as exc:  # stored: the follower applies it once Redis answers again
+            log.warning("rating batch stored but not yet applied here (%s)", exc)
+        return last
 
     # -- queries -----------------------------------------------------------------------------------------
     def user_index(self, user: str) -> int:
-        """The internal index of an external user id (UnknownIdError when the service knows no such user)."""
-        return self.artifact.users.index(user)
+        """The internal index of an external user id: the artifact's users, then those that arrived online
+        (UnknownIdError for a user without any rating)."""
+        index = self.fold.user_index(user)
+        if index is None:
+            raise UnknownIdError("user", [user])
+        return index
+
+    def user_id(self, index: int) -> str:
+        """The external id of a user index."""
+        return self.fold.user_id(index)
 
     def rated_items(self, user: int) -> np.ndarray:
         """The items `user` has rated (training, held-out and online ratings): sorted item indices."""
-        known = self.artifact.known()
+        known = self.fold.state.known
         return np.unique(known.cols[known.by_row.of(user)])
-
-    def _compute(self, kind: Kind, idx: np.ndarray) -> np.ndarray:
-        """Embeddings through the ONNX row/column branch from the known ratings: (b, d) float32."""
-        with self._onnx_lock:
-            if kind == "user":
-                return self.onnx.embed_users(self.artifact.train.dense_rows(idx))
-            return self.onnx.embed_items(self.artifact.train.dense_cols(idx))
 
     def predict(self, user: int, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected ratings (K,) and label distributions (K, p) of (user, items[k])."""
-        user_vec, item_vecs = self.store.lookup([("user", np.array([user])), ("item", items)])
+        state = self.fold.state  # one consistent model for the whole request
         k = len(items)
         rows = np.full(k, user, dtype=np.int64)
-        # The query's base-network probabilities come from the cached embeddings (float32 -> float64, the
-        # same numbers the offline evaluator reads from the artifact's tables).
         probs = label_probabilities(
-            user_vec.astype(np.float64),
-            item_vecs.astype(np.float64),
-            self.network.bilinear,
-            np.zeros(k, dtype=np.int64),
-            np.arange(k),
+            state.network.user_emb, state.network.item_emb, state.network.bilinear, rows, items
         )
         # One mean-field run at a time per worker: the batches are large numpy arrays, and threads running
         # them side by side thrash memory without adding throughput (workers use the cores).
         with self._engine_lock:
-            dist = self.crf.predict(rows, items, probs)
+            dist = state.scorer.predict(rows, items, probs)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist
 
     def similar_users(self, user: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first."""
-        (vec,) = self.store.lookup([("user", np.array([user]))])
-        unit = vec[0].astype(np.float64)
-        unit = unit / max(float(np.linalg.norm(unit)), 1e-12)
-        scores = (1.0 + self.network.user_unit @ unit) / 2.0  # (n,)
+        unit = self.fold.state.network.user_unit
+        scores = (1.0 + unit @ unit[user]) / 2.0  # (n,)
         scores[user] = -np.inf
         k = min(k, len(scores) - 1)
         top = np.argpartition(-scores, k - 1)[:k] if k > 0 else np.empty(0, dtype=np.int64)

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, PositiveInt
+from pydantic import AliasChoices, Field, PositiveInt, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -24,15 +24,19 @@ class Settings(BaseSettings):
     artifacts: Path = Path("artifacts/current")
     """Artifact directory to serve (set by `dcmc serve --artifacts`)."""
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "DCMC_REDIS_URL"))
-    """Shared embedding tier, e.g. redis://127.0.0.1:6379/0 (env `REDIS_URL`); unset = in-process only."""
+    """The shared online state, e.g. redis://127.0.0.1:6379/0 (env `REDIS_URL`); unset = no online
+    ratings (the artifact's model only)."""
     redis_key_prefix: str = "dcmc"
-    """First part of every Redis key: `<prefix>:<model_version>:user:<id>`."""
+    """First part of every Redis key: the rating stream is `<prefix>:ratings`."""
     redis_timeout_s: float = Field(default=0.25, gt=0)
     """Socket timeout of every Redis call; a slower Redis counts as down."""
     redis_retry_s: float = Field(default=1.0, gt=0)
-    """After a Redis failure, requests skip Redis for this long before trying it again."""
-    local_cache_size: int = Field(default=100_000, ge=0)
-    """Embeddings kept in each worker's in-process tier (LRU); 0 disables the tier."""
+    """After a Redis failure, the stream follower waits this long before trying again (and 503s say
+    `Retry-After` this many seconds, rounded up)."""
+    write_token: SecretStr | None = None
+    """Bearer token that POST /ratings requires (`Authorization: Bearer <token>`); unset = writes off."""
+    max_ratings: PositiveInt = 1000
+    """Largest `ratings` batch accepted by POST /ratings."""
     max_items: PositiveInt = 1000
     """Largest `items` list accepted by POST /predict."""
     max_k: PositiveInt = 100

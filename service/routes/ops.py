@@ -19,15 +19,28 @@ def health(request: Request) -> Health:
     if scorer is None:
         return Health(status="starting", model_version=None, redis="unknown")
     redis = scorer.redis_state()
-    return Health(status="degraded" if redis == "down" else "ok", model_version=scorer.version, redis=redis)
+    settings = request.app.state.settings
+    if scorer.ratings is None:
+        writes = "off: no Redis (REDIS_URL)"
+    else:
+        writes = "enabled" if settings.write_token is not None else "off: no DCMC_WRITE_TOKEN"
+    return Health(
+        status="degraded" if redis == "down" else "ok",
+        model_version=scorer.version,
+        redis=redis,
+        durable=scorer.durability.durable,
+        writes=writes,
+        online_ratings=scorer.fold.state.applied,
+    )
 
 
 @router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
 def ready(request: Request) -> Response:
-    """200 once the artifact is loaded and warmed up, else 503."""
+    """200 once the artifact is loaded and the online ratings since it are replayed, else 503."""
     scorer = getattr(request.app.state, "scorer", None)
-    body = Ready(ready=scorer is not None, model_version=scorer.version if scorer else None)
-    return JSONResponse(body.model_dump(), status_code=200 if scorer is not None else 503)
+    ready = scorer is not None and scorer.replayed
+    body = Ready(ready=ready, model_version=scorer.version if scorer else None)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 
 @router.get("/metrics", response_class=Response)

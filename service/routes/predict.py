@@ -45,7 +45,7 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
     unknown: dict[str, list[str]] = {}
     user_idx = items_idx = None
     try:
-        user_idx = artifact.users.index(body.user)
+        user_idx = scorer.user_index(body.user)  # the artifact's users and those that arrived online
     except UnknownIdError as exc:
         unknown["unknown_users"] = exc.missing
     try:

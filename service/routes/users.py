@@ -8,23 +8,14 @@ from fastapi import APIRouter, HTTPException, Path, Query
 
 from model.ids import UnknownIdError
 from service.deps import ScorerDep, SettingsDep
-from service.schemas import SimilarUser, SimilarUsersResponse
+from service.schemas import MAX_ID_LENGTH, SimilarUser, SimilarUsersResponse
+from service.settings import Settings
 
 router = APIRouter(tags=["users"])
 
 
-@router.get(
-    "/similar-users/{user_id}",
-    response_model=SimilarUsersResponse,
-    responses={404: {"description": "Unknown user id"}, 422: {"description": "k out of range"}},
-)
-def similar_users(
-    user_id: Annotated[str, Path(description="External user id")],
-    scorer: ScorerDep,
-    settings: SettingsDep,
-    k: Annotated[int, Query(description="How many users to return (1..DCMC_MAX_K)")] = 10,
-) -> SimilarUsersResponse:
-    """The k other users with the highest scaled cosine s_r of their embeddings, most similar first."""
+def check_k(k: int, settings: Settings) -> None:
+    """422 unless 1 <= k <= settings.max_k (the similar-users and similar-items `k`)."""
     if not 1 <= k <= settings.max_k:
         raise HTTPException(
             status_code=422,
@@ -36,16 +27,30 @@ def similar_users(
                 }
             ],
         )
+
+
+@router.get(
+    "/similar-users/{user_id}",
+    response_model=SimilarUsersResponse,
+    responses={404: {"description": "Unknown user id"}, 422: {"description": "k out of range"}},
+)
+def similar_users(
+    user_id: Annotated[str, Path(max_length=MAX_ID_LENGTH, description="External user id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    k: Annotated[int, Query(description="How many users to return (1..DCMC_MAX_K)")] = 10,
+) -> SimilarUsersResponse:
+    """The k other users with the highest scaled cosine s_r of their embeddings, most similar first."""
+    check_k(k, settings)
     try:
-        user_idx = scorer.artifact.users.index(user_id)
+        user_idx = scorer.user_index(user_id)  # the artifact's users and those that arrived online
     except UnknownIdError as exc:
         raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_users": exc.missing}) from None
     idx, scores = scorer.similar_users(user_idx, k)
-    users = scorer.artifact.users
     return SimilarUsersResponse(
         user=user_id,
         model_version=scorer.version,
         similar=[
-            SimilarUser(user=users.external(int(i)), score=float(s)) for i, s in zip(idx, scores, strict=True)
+            SimilarUser(user=scorer.user_id(int(i)), score=float(s)) for i, s in zip(idx, scores, strict=True)
         ],
     )

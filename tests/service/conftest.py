@@ -130,14 +130,19 @@ class Service:
 
 
 class RedisServer:
-    """A throw-away redis-server on its own port (no persistence)."""
+    """A throw-away redis-server on its own port: no persistence, or (`directory` given) an append-only
+    file fsynced on every write in that directory, as the compose file runs it."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, directory: Path | None = None) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.directory = directory
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RedisServer:
+        persistence = ["--appendonly", "no"]
+        if self.directory is not None:
+            persistence = ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)]
         self.proc = subprocess.Popen(
             [
                 "redis-server",
@@ -147,8 +152,7 @@ class RedisServer:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--daemonize",
                 "no",
             ],
@@ -165,6 +169,7 @@ class RedisServer:
         raise RuntimeError(f"redis-server on port {self.port} did not start")
 
     def kill(self) -> None:
+        """SIGKILL (`kill -9`): nothing is flushed but what the server already wrote."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

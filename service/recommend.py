@@ -1,0 +1,103 @@
+"""Top-k recommendation logic behind GET /recommend/{user_id}: candidates, ranking, popularity fallback.
+
+Pure numpy over the scorer's public queries (`user_index`, `rated_items`, `predict`, `artifact.items`,
+`artifact.known()`), so it keeps working once users and ratings arrive online.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from model.ids import UnknownIdError
+from model.ratings import Ratings
+from service.scoring import Scorer
+
+POPULAR_SHRINKAGE = 10.0
+"""s of the popularity fallback's shrunk mean rating (sum_j + s * mu) / (n_j + s): an item needs about s
+ratings before its own mean outweighs the global mean mu, so a single 5-star rating does not top the list."""
+
+_POPULAR_CACHE_SIZE = 4
+_popular: dict[str, np.ndarray] = {}
+_popular_lock = threading.Lock()
+
+
+def split_ids(raw: str | None) -> list[str] | None:
+    """The ids of a comma-separated query value, whitespace stripped, empty entries dropped, first
+    occurrence kept; None when the parameter is absent."""
+    if raw is None:
+        return None
+    return list(dict.fromkeys(part for part in (p.strip() for p in raw.split(",")) if part))
+
+
+def shrunk_means(known: Ratings, n_items: int, shrinkage: float = POPULAR_SHRINKAGE) -> np.ndarray:
+    """Per item (n_items,): (sum of its ratings + s * mu) / (its rating count + s), mu the global mean
+    rating (an item nobody rated scores mu)."""
+    if len(known) == 0:
+        return np.zeros(n_items, dtype=np.float64)
+    mu = float(known.values.mean())
+    sums = np.bincount(known.cols, weights=known.values, minlength=n_items)[:n_items]
+    counts = np.bincount(known.cols, minlength=n_items)[:n_items]
+    return (sums + shrinkage * mu) / (counts + shrinkage)
+
+
+def popular_scores(scorer: Scorer) -> np.ndarray:
+    """`shrunk_means` of the scorer's known ratings, computed once per model version (read-only)."""
+    scores = _popular.get(scorer.version)
+    if scores is None:
+        scores = shrunk_means(scorer.artifact.known(), len(scorer.artifact.items))
+        scores.flags.writeable = False
+        with _popular_lock:
+            while len(_popular) >= _POPULAR_CACHE_SIZE:  # old versions after a reload: drop the oldest
+                _popular.pop(next(iter(_popular)))
+            _popular[scorer.version] = scores
+    return scores
+
+
+def candidate_mask(
+    n_items: int, rated: np.ndarray, allow: np.ndarray | None, exclude: np.ndarray | None
+) -> np.ndarray:
+    """Boolean (n_items,): the allow-list (every item when None) less the rated and excluded items."""
+    if allow is None:
+        mask = np.ones(n_items, dtype=bool)
+    else:
+        mask = np.zeros(n_items, dtype=bool)
+        mask[allow] = True
+    mask[rated] = False
+    if exclude is not None:
+        mask[exclude] = False
+    return mask
+
+
+def top_k(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k highest `scores` among `mask`, best first, ties by the lower index (all of the
+    candidates when fewer than k)."""
+    cand = np.flatnonzero(mask)
+    order = np.lexsort((cand, -scores[cand]))
+    return cand[order[:k]]
+
+
+def recommend(
+    scorer: Scorer, user_id: str, k: int, allow: np.ndarray | None, exclude: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
+    user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback)."""
+    n_items = len(scorer.artifact.items)
+    try:
+        user = scorer.user_index(user_id)
+    except UnknownIdError:
+        user = None
+    rated = scorer.rated_items(user) if user is not None else np.empty(0, dtype=np.int64)
+    if user is None or len(rated) == 0:
+        scores = popular_scores(scorer)
+        best = top_k(scores, candidate_mask(n_items, rated, allow, exclude), k)
+        return best, scores[best], True
+    mask = candidate_mask(n_items, rated, allow, exclude)
+    if not mask.any():
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), False
+    # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
+    # that share a block, so a rating must not depend on which other items were asked for.
+    ratings, _ = scorer.predict(user, np.arange(n_items, dtype=np.int64))
+    best = top_k(ratings, mask, k)
+    return best, ratings[best], False

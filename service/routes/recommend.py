@@ -1,0 +1,135 @@
+"""GET /recommend/{user_id}: the items a user would rate highest, among those they have not rated."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from model.ids import UnknownIdError
+from service.deps import ScorerDep, SettingsDep
+from service.recommend import POPULAR_SHRINKAGE, recommend, split_ids
+
+router = APIRouter(tags=["recommendations"])
+
+
+class Recommendation(BaseModel):
+    """One recommended item."""
+
+    item: str
+    rating: float = Field(
+        description="Predicted rating; with `fallback: popular`, the item's shrunk mean rating instead."
+    )
+
+
+class RecommendResponse(BaseModel):
+    """The top-k items, best first."""
+
+    user: str
+    model_version: str
+    inference: Literal["paper", "none", "exact"]
+    fallback: Literal["popular"] | None = Field(
+        default=None,
+        description="`popular` when the user is unknown or has no ratings: items ranked by shrunk mean "
+        f"rating (sum + s * mu) / (n + s), mu the global mean, s = {POPULAR_SHRINKAGE:g}; absent otherwise.",
+    )
+    recommendations: list[Recommendation]
+
+
+_ID_LIST = "Comma-separated external item ids, in one parameter (`{name}=i1,i2,i3`; not repeated)."
+
+
+def _ids(request: Request, name: str) -> list[str] | None:
+    """The ids of the comma-separated parameter `name` (None when absent); 422 when it is repeated (a
+    repeated parameter would otherwise silently keep only its last value)."""
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        raise HTTPException(
+            status_code=422,
+            detail=[
+                {
+                    "loc": ["query", name],
+                    "type": "repeated",
+                    "msg": f"{name} is given {len(values)} times; pass one comma-separated list "
+                    f"({name}=i1,i2)",
+                }
+            ],
+        )
+    return split_ids(values[0]) if values else None
+
+
+@router.get(
+    "/recommend/{user_id}",
+    response_model=RecommendResponse,
+    response_model_exclude_none=True,
+    responses={
+        404: {"description": "Unknown item ids in `items` or `exclude` (all listed in `unknown_items`)"},
+        422: {"description": "k out of range, an empty or repeated `items`"},
+    },
+)
+async def recommend_items(
+    request: Request,
+    user_id: Annotated[str, Path(description="External user id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    k: Annotated[int, Query(description="How many items to return (1..DCMC_MAX_K)")] = 10,
+    items: Annotated[
+        str | None,
+        Query(description="Allow-list: only these are candidates. " + _ID_LIST.format(name="items")),
+    ] = None,
+    exclude: Annotated[
+        str | None, Query(description="Removed from the candidates. " + _ID_LIST.format(name="exclude"))
+    ] = None,
+) -> Response:
+    """The k items with the highest predicted rating that the user has not rated, best first (ties by
+    item index); fewer when fewer candidates remain.
+
+    `items` and `exclude` each take one comma-separated list of item ids (`?items=i1,i2&exclude=i2`).
+    Ratings are predicted for every item in one call, so they do not depend on `items` or `exclude`.
+    A user the service does not know, or one with no ratings, gets the items with the best shrunk mean
+    rating instead (same exclusions), marked `"fallback": "popular"`.
+    """
+    if not 1 <= k <= settings.max_k:
+        raise HTTPException(
+            status_code=422,
+            detail=[
+                {
+                    "loc": ["query", "k"],
+                    "type": "out_of_range",
+                    "msg": f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {k}",
+                }
+            ],
+        )
+    allow_ids, exclude_ids = _ids(request, "items"), _ids(request, "exclude")
+    if allow_ids is not None and not allow_ids:
+        raise HTTPException(
+            status_code=422,
+            detail=[{"loc": ["query", "items"], "type": "too_short", "msg": "items lists no item ids"}],
+        )
+    vocab = scorer.artifact.items
+    try:
+        vocab.indices((allow_ids or []) + (exclude_ids or []))  # one 404 listing every unknown id
+    except UnknownIdError as exc:
+        raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_items": exc.missing}) from None
+    allow = vocab.indices(allow_ids) if allow_ids is not None else None
+    excluded = vocab.indices(exclude_ids) if exclude_ids is not None else None
+    if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
+        best, scores, fallback = await run_in_threadpool(recommend, scorer, user_id, k, allow, excluded)
+    else:
+        best, scores, fallback = recommend(scorer, user_id, k, allow, excluded)
+    # Serialised here rather than through RecommendResponse (which documents the shape in OpenAPI), as
+    # POST /predict does.
+    payload: dict[str, object] = {
+        "user": user_id,
+        "model_version": scorer.version,
+        "inference": scorer.inference.mode,
+    }
+    if fallback:
+        payload["fallback"] = "popular"
+    payload["recommendations"] = [
+        {"item": vocab.external(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
+    ]
+    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")

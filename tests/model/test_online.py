@@ -1,0 +1,140 @@
+"""Ratings folded in online (model/online.py): the exact field's incremental update equals a field computed
+from scratch over the same ratings and embeddings; new users, re-ratings and the row branch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.artifact import Artifact, load_artifact
+from model.config import InferenceConfig
+from model.engine import OnnxNetwork
+from model.exact import ExactScorer
+from model.online import FoldIn
+from model.paper import PaperScorer
+from model.scorers import build_scorer
+
+
+@pytest.fixture(scope="module")
+def artifact(tiny_artifact: Path) -> Artifact:
+    return load_artifact(tiny_artifact)
+
+
+def _fold(artifact: Artifact, overrides: dict[str, object]) -> tuple[FoldIn, OnnxNetwork]:
+    onnx = OnnxNetwork(artifact.path)
+    inference = artifact.inference.with_overrides(overrides)
+    return FoldIn(artifact, inference, onnx.embed_users), onnx
+
+
+EXACT = {"mode": "exact", "kernel.known": "clamped", "crf.gamma": 1.0, "kernel.same_user": 2.0}
+
+
+def _batch(artifact: Artifact) -> list[tuple[str, int, float]]:
+    """A re-rating of a trained rating, a new item for a known user, and a new user's three ratings."""
+    train = artifact.train
+    u0, i0 = int(train.rows[0]), int(train.cols[0])
+    old = train.values[0]
+    rated = set(train.cols[train.by_row.of(u0)].tolist())
+    fresh = next(j for j in range(train.n_items) if j not in rated)
+    return [
+        (artifact.users.external(u0), i0, 1.0 if old != 1.0 else 5.0),
+        (artifact.users.external(u0), fresh, 4.0),
+        ("newcomer", 3, 5.0),
+        ("newcomer", 7, 1.0),
+        ("newcomer", 3, 2.0),  # a later rating of the same pair replaces the earlier one
+    ]
+
+
+@pytest.mark.parametrize("scaling", ["normalized", "sum"])
+def test_incremental_field_equals_a_field_computed_from_scratch(artifact: Artifact, scaling: str) -> None:
+    fold, _ = _fold(artifact, {**EXACT, "kernel.scaling": scaling, "output.baseline": 0.3})
+    fold.apply(_batch(artifact)[:2])
+    fold.apply(_batch(artifact)[2:])
+    state = fold.state
+    assert isinstance(state.scorer, ExactScorer) and state.scorer.field_source == "online"
+    fresh = build_scorer(state.network, state.known, fold_inference(fold))
+    assert isinstance(fresh, ExactScorer)
+    np.testing.assert_allclose(state.scorer.field.g, fresh.field.g, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(state.scorer.field.h, fresh.field.h, rtol=1e-10, atol=1e-10)
+    assert state.scorer.field.t is not None and fresh.field.t is not None
+    np.testing.assert_array_equal(state.scorer.field.t, fresh.field.t)
+    # Without co-rating tables (the artifact's, kept until the next training) answers equal a fresh scorer's
+    # but for the baseline's item biases, which stay the artifact's: compare the CRF alone.
+    rows = np.full(10, fold.user_index("newcomer"))
+    cols = np.arange(10)
+    probs = state.network.probabilities(rows, cols)
+    crf_only = fold_inference(fold).with_overrides({"output.baseline": 0.0})
+    online = state.scorer.updated(state.network, state.known, np.empty(0, np.int64))
+    online.biases = None
+    np.testing.assert_allclose(
+        online.predict(rows, cols, probs),
+        build_scorer(state.network, state.known, crf_only).predict(rows, cols, probs),
+        rtol=0,
+        atol=1e-10,
+    )
+
+
+def fold_inference(fold: FoldIn) -> InferenceConfig:
+    scorer = fold.state.scorer
+    assert isinstance(scorer, ExactScorer)
+    return InferenceConfig.from_dict(
+        {
+            "mode": "exact",
+            "crf": {"gamma": scorer.crf.gamma, "tau": scorer.crf.tau, "layers": scorer.crf.layers},
+            "kernel": scorer.kernel.model_dump(),
+            "output": scorer.output.model_dump(),
+        }
+    )
+
+
+def test_new_users_rerating_and_the_row_branch(artifact: Artifact) -> None:
+    fold, onnx = _fold(artifact, EXACT)
+    before = fold.state
+    batch = _batch(artifact)
+    fold.apply(batch)
+    state = fold.state
+    n = artifact.config.n_users
+    assert fold.user_index("newcomer") == n and fold.user_id(n) == "newcomer" and fold.n_users == n + 1
+    assert state.network.n_users == n + 1 and state.known.n_users == n + 1 and state.applied == len(batch)
+    # The newcomer's embedding is the row branch's on its rating row (the later 3 -> 2.0 replaced 5.0).
+    row = np.zeros((1, artifact.config.n_items), dtype=np.float32)
+    row[0, 3], row[0, 7] = 2.0, 1.0
+    np.testing.assert_array_equal(state.network.user_emb[n], onnx.embed_users(row)[0].astype(np.float64))
+    mine = state.known.by_row.of(n)
+    pairs = zip(state.known.cols[mine].tolist(), state.known.values[mine].tolist(), strict=True)
+    assert sorted(pairs) == [(3, 2.0), (7, 1.0)]
+    # The re-rated pair is known once, with its new value; the user's embedding moved, others' did not.
+    u0, i0, value = int(artifact.train.rows[0]), int(artifact.train.cols[0]), batch[0][2]
+    pos = state.known.by_row.of(u0)
+    assert state.known.values[pos][state.known.cols[pos] == i0].tolist() == [value]
+    assert len(pos) == len(before.known.by_row.of(u0)) + 1
+    assert not np.array_equal(state.network.user_emb[u0], before.network.user_emb[u0])
+    others = np.setdiff1d(np.arange(n), [u0])
+    np.testing.assert_array_equal(state.network.user_emb[others], before.network.user_emb[others])
+    assert len(state.known) == len(before.known) + 3  # one re-rating, one new pair, two newcomer pairs
+
+
+def test_paper_mode_draws_its_partitions_over_the_grown_matrix(artifact: Artifact) -> None:
+    fold, _ = _fold(artifact, {"mode": "paper"})
+    fold.apply(_batch(artifact))
+    scorer = fold.state.scorer
+    assert isinstance(scorer, PaperScorer) and scorer.parts.row_group.shape[1] == artifact.config.n_users + 1
+    rows = np.full(5, fold.user_index("newcomer"))
+    cols = np.arange(5)
+    dist = scorer.predict(rows, cols, fold.state.network.probabilities(rows, cols))
+    np.testing.assert_allclose(dist.sum(axis=1), 1.0)
+
+
+def test_the_baseline_refits_the_changed_users_biases(artifact: Artifact) -> None:
+    fold, _ = _fold(artifact, {**EXACT, "output.baseline": 0.5})
+    fold.apply(_batch(artifact))
+    scorer = fold.state.scorer
+    assert isinstance(scorer, ExactScorer) and scorer.biases is not None
+    mu, b, c = scorer.biases
+    n = fold.user_index("newcomer")
+    assert n is not None
+    # b_i = sum (r - mu - c_j) / (n_i + user_shrink) over the newcomer's ratings 3 -> 2.0 and 7 -> 1.0
+    expected = ((2.0 - mu - c[3]) + (1.0 - mu - c[7])) / (2 + scorer.output.baseline_user_shrink)
+    assert b[n] == pytest.approx(expected, rel=1e-12)

@@ -1,0 +1,216 @@
+"""POST /ratings and the online state in Redis: durable writes, fold-in on every server process on the same
+Redis, replay at start-up, tokens, validation, and Redis failures (real redis-server processes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from tests.service.conftest import App, RedisServer, Service
+
+pytestmark = pytest.mark.usefixtures("redis_client")  # skips without a redis-server
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ITEMS = [f"i{j}" for j in range(0, 50, 5)]
+
+
+@pytest.fixture()
+def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test with an append-only file fsynced on every write."""
+    server = RedisServer(directory=tmp_path).start()
+    yield server
+    server.kill()
+
+
+def _app(tiny_artifact: Path, server: RedisServer, **settings: object) -> App:
+    return App(tiny_artifact, redis_url=server.url, write_token=TOKEN, redis_retry_s=0.2, **settings)
+
+
+def _ratings(user: str, pairs: list[tuple[str, float]]) -> dict[str, object]:
+    return {"ratings": [{"user": user, "item": item, "rating": rating} for item, rating in pairs]}
+
+
+def _predict(client, user: str) -> np.ndarray:  # type: ignore[no-untyped-def]
+    r = client.post("/predict", json={"user": user, "items": ITEMS})
+    assert r.status_code == 200, r.text
+    return np.array([p["rating"] for p in r.json()["predictions"]])
+
+
+def test_a_new_user_is_folded_in_from_its_first_ratings(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        r = api.client.post("/predict", json={"user": "newbie", "items": ITEMS})
+        assert r.status_code == 404 and r.json()["detail"]["unknown_users"] == ["newbie"]
+        r = api.client.post("/ratings", json=_ratings("newbie", [("i1", 5), ("i2", 1)]), headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["accepted"] == 2 and r.json()["model_version"]
+        first = _predict(api.client, "newbie")
+        assert np.isfinite(first).all()
+        similar = api.client.get("/similar-users/newbie", params={"k": 3})
+        assert similar.status_code == 200 and len(similar.json()["similar"]) == 3
+        # Another rating moves the newcomer's embedding and so its predictions.
+        assert (
+            api.client.post("/ratings", json=_ratings("newbie", [("i3", 5)]), headers=AUTH).status_code == 200
+        )
+        assert not np.allclose(_predict(api.client, "newbie"), first)
+        assert api.metric("dcmc_ratings_written_total") == 3
+        health = api.client.get("/health").json()
+        assert health["durable"] is True and health["writes"] == "enabled"
+
+
+def test_a_known_users_rating_changes_its_predictions_and_a_restart_replays_it(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        before = _predict(api.client, "u5")
+        r = api.client.post("/ratings", json=_ratings("u5", [("i0", 1), ("i5", 1), ("i10", 1)]), headers=AUTH)
+        assert r.status_code == 200
+        after = _predict(api.client, "u5")
+        assert not np.allclose(after, before)
+    with _app(tiny_artifact, durable_redis) as restarted:  # replays the stream before it is ready
+        assert restarted.client.get("/ready").json()["ready"] is True
+        np.testing.assert_allclose(_predict(restarted.client, "u5"), after, rtol=0, atol=1e-12)
+
+
+def test_a_rating_reaches_a_second_server_process(tiny_artifact: Path, durable_redis: RedisServer) -> None:
+    env = {"REDIS_URL": durable_redis.url, "DCMC_WRITE_TOKEN": TOKEN}
+    writer, reader = Service(tiny_artifact, env), Service(tiny_artifact, env)
+    try:
+        writer.wait_ready()
+        reader.wait_ready()
+        before = _predict(reader.client, "u7")
+        r = writer.client.post(
+            "/ratings", json=_ratings("u7", [("i0", 5), ("i1", 5), ("i2", 5)]), headers=AUTH
+        )
+        assert r.status_code == 200, r.text
+        written = _predict(writer.client, "u7")
+        deadline = time.monotonic() + 5
+        while np.allclose(_predict(reader.client, "u7"), before) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        np.testing.assert_allclose(_predict(reader.client, "u7"), written, rtol=0, atol=1e-12)
+    finally:
+        writer.stop()
+        reader.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "needle"),
+    [
+        (_ratings("u1", [("i1", 4)]), {}, 401, "Authorization: Bearer"),
+        (_ratings("u1", [("i1", 4)]), {"Authorization": "Bearer wrong"}, 401, "Authorization: Bearer"),
+        (_ratings("u1", [("i1", 4)]), {"Authorization": TOKEN}, 401, "Authorization: Bearer"),
+        (_ratings("u1", [("i1", 4.5)]), AUTH, 422, "not one of the model's rating levels: 1, 2, 3, 4, 5"),
+        (_ratings("u1", [("i1", 0)]), AUTH, 422, "rating 0 is not one of"),
+        (_ratings("u1", [("zz", 4), ("yy", 4)]), AUTH, 404, "unknown item id(s): 'zz', 'yy'"),
+        ({"ratings": []}, AUTH, 422, "at least 1 item"),
+        (_ratings("u1", [("i1", 4)] * 4), AUTH, 422, "at most 3 are allowed (setting DCMC_MAX_RATINGS)"),
+        ({"ratings": [{"user": "u1", "item": "i1"}]}, AUTH, 422, "Field required"),
+        ({"ratings": [{"user": "u1", "item": "i1", "rating": "four"}]}, AUTH, 422, "valid number"),
+        ({"ratings": [{"user": "", "item": "i1", "rating": 4}]}, AUTH, 422, "user"),
+    ],
+)
+def test_bad_writes_are_refused_with_a_clear_body(
+    tiny_artifact: Path,
+    durable_redis: RedisServer,
+    body: object,
+    headers: dict[str, str],
+    status: int,
+    needle: str,
+) -> None:
+    with _app(tiny_artifact, durable_redis, max_ratings=3) as api:
+        r = api.client.post("/ratings", json=body, headers=headers)
+        assert r.status_code == status, r.text
+        assert needle in r.text
+        if status == 401:
+            assert r.headers["www-authenticate"] == "Bearer"
+        assert redis.Redis.from_url(durable_redis.url).xlen("dcmc:ratings") == 0  # nothing half-applied
+
+
+def test_nan_and_infinite_ratings_are_refused(tiny_artifact: Path, durable_redis: RedisServer) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        for raw in (b"NaN", b"Infinity"):
+            body = b'{"ratings": [{"user": "u1", "item": "i1", "rating": ' + raw + b"}]}"
+            r = api.client.post(
+                "/ratings", content=body, headers={**AUTH, "content-type": "application/json"}
+            )
+            assert r.status_code == 422, r.text
+
+
+def test_writes_are_off_without_a_token(tiny_artifact: Path, durable_redis: RedisServer) -> None:
+    with App(tiny_artifact, redis_url=durable_redis.url) as api:
+        r = api.client.post("/ratings", json=_ratings("u1", [("i1", 4)]), headers=AUTH)
+        assert r.status_code == 403 and "set DCMC_WRITE_TOKEN" in r.json()["detail"]
+        assert api.client.get("/health").json()["writes"] == "off: no DCMC_WRITE_TOKEN"
+
+
+def test_a_redis_without_an_fsynced_append_only_file_is_reported_not_durable(
+    tiny_artifact: Path, key_prefix: str
+) -> None:
+    with App(tiny_artifact, redis_url="redis://127.0.0.1:6379/0", redis_key_prefix=key_prefix) as api:
+        health = api.client.get("/health").json()
+        assert health["durable"] is False
+
+
+def test_redis_down_writes_503_reads_answer_and_nothing_acknowledged_is_lost(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        acknowledged = 0
+        for n in range(5):
+            r = api.client.post("/ratings", json=_ratings(f"w{n}", [("i1", 4), ("i2", 2)]), headers=AUTH)
+            assert r.status_code == 200
+            acknowledged += 2
+        expected = _predict(api.client, "w3")
+        durable_redis.kill()  # kill -9 right after the acknowledged writes
+        r = api.client.post("/ratings", json=_ratings("w9", [("i1", 4)]), headers=AUTH)
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == "1" and "nothing of this batch was stored" in r.text
+        np.testing.assert_allclose(_predict(api.client, "w3"), expected, rtol=0, atol=1e-12)  # reads answer
+        assert api.client.get("/health").json()["status"] == "degraded"
+        durable_redis.start()  # same port and directory: restarts from its append-only file
+        assert redis.Redis.from_url(durable_redis.url).xlen("dcmc:ratings") == acknowledged
+        deadline = time.monotonic() + 10
+        while api.client.get("/health").json()["status"] != "ok" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert api.client.post("/ratings", json=_ratings("w9", [("i1", 4)]), headers=AUTH).status_code == 200
+        # (the tiny artifact infers with `paper`: a new user redraws the partitions, so w3's answer moves)
+        expected = _predict(api.client, "w3")
+    with _app(tiny_artifact, durable_redis) as fresh:  # a new worker replays all of them
+        np.testing.assert_allclose(_predict(fresh.client, "w3"), expected, rtol=0, atol=1e-12)
+        assert fresh.client.get("/similar-users/w9").status_code == 200
+
+
+def test_reads_never_fail_while_redis_dies_and_comes_back(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def hammer() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                body = {"user": f"u{n % 60}", "items": [f"i{(n * 7 + j) % 50}" for j in range(12)]}
+                statuses.append(api.client.post("/predict", json=body).status_code)
+
+        threads = [threading.Thread(target=hammer) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        durable_redis.kill()
+        time.sleep(0.6)
+        durable_redis.start()
+        time.sleep(0.6)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert len(statuses) > 10 and set(statuses) == {200}
