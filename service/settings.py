@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, PositiveInt, SecretStr
+from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,7 +34,13 @@ class Settings(BaseSettings):
     """After a Redis failure, the stream follower waits this long before trying again (and 503s say
     `Retry-After` this many seconds, rounded up)."""
     write_token: SecretStr | None = None
-    """Bearer token that POST /ratings requires (`Authorization: Bearer <token>`); unset = writes off."""
+    """Bearer token that POST /ratings requires (`Authorization: Bearer <token>`); unset or empty = writes
+    off. Never logged."""
+
+    @field_validator("write_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        return None if value == "" else value
     max_ratings: PositiveInt = 1000
     """Largest `ratings` batch accepted by POST /ratings."""
     max_items: PositiveInt = 1000

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.service.conftest import serve_argv
@@ -36,6 +37,13 @@ def test_compose_services_health_checks_and_volumes() -> None:
     assert "artifacts:/artifacts:ro" in api["volumes"]
     assert api["environment"]["REDIS_URL"] == "redis://redis:6379/0"
     assert "artifacts" in _compose()["volumes"]
+    # Online ratings are acknowledged only once fsynced: the append-only file on a volume, fsync always
+    # (the flags the durability tests give their redis-server: tests/service/conftest.py RedisServer).
+    command = services["redis"]["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "always"
+    assert "redis-data:/data" in services["redis"]["volumes"] and "redis-data" in _compose()["volumes"]
+    assert api["environment"]["DCMC_WRITE_TOKEN"] == "${DCMC_WRITE_TOKEN:-}"  # unset: writes off
     for name, dockerfile in (("api", "docker/api.Dockerfile"), ("trainer", "docker/trainer.Dockerfile")):
         assert services[name]["build"]["dockerfile"] == dockerfile
         assert (REPO / dockerfile).is_file()
@@ -133,3 +141,13 @@ def test_service_runs_without_torch(tiny_artifact: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_an_empty_write_token_turns_writes_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import Settings
+
+    monkeypatch.setenv("DCMC_WRITE_TOKEN", "")
+    assert Settings().write_token is None
+    monkeypatch.setenv("DCMC_WRITE_TOKEN", "t0ken")
+    token = Settings().write_token
+    assert token is not None and token.get_secret_value() == "t0ken" and "t0ken" not in repr(Settings())
