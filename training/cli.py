@@ -116,17 +116,58 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             settings={"block_rows": "100", "block_cols": "100", "lr_halve_every": "15"},
         )
         user, items = "u0", ["i1", "i2", "i3"]
-    body = json.dumps({"user": user, "items": items})
+    token = os.environ.setdefault("DCMC_WRITE_TOKEN", "demo-token")
+    redis_url = os.environ.get("REDIS_URL") or _local_redis()
+    if redis_url:
+        os.environ["REDIS_URL"] = redis_url
+        os.environ.setdefault("DCMC_REDIS_KEY_PREFIX", f"dcmc-demo-{out.name}")
+    else:
+        print("no Redis at 127.0.0.1:6379: serving without online ratings (see the README)", file=sys.stderr)
+    print(f"\nartifact: {out}", flush=True)
     print(
-        f"\nartifact: {out}\nserving on http://{args.host}:{args.port} (Ctrl-C stops). Try:\n"
-        f"  curl -s -X POST http://{args.host}:{args.port}/predict -H 'content-type: application/json' "
-        f"-d '{body}'\n  curl -s http://{args.host}:{args.port}/similar-users/{user}?k=5\n",
+        demo_commands(f"http://{args.host}:{args.port}", user, items, token if redis_url else None),
         flush=True,
     )
     if args.no_serve:
         return 0
     args.artifacts, args.workers = out, 1
     return _cmd_serve(args)
+
+
+def _local_redis() -> str | None:
+    """redis://127.0.0.1:6379/0 when a server answers there."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(16).startswith(b"+PONG"):
+                return "redis://127.0.0.1:6379/0"
+    except OSError:
+        pass
+    return None
+
+
+def demo_commands(url: str, user: str, items: list[str], token: str | None) -> str:
+    """The curl commands `dcmc demo` prints: predictions, then (with Redis) the online loop: a new user's
+    recommendations before and after its first ratings."""
+    predict = json.dumps({"user": user, "items": items})
+    lines = [
+        f"serving on {url} (Ctrl-C stops). Try:",
+        f"  curl -s -X POST {url}/predict -H 'content-type: application/json' -d '{predict}'",
+        f"  curl -s '{url}/similar-users/{user}?k=5'",
+        f"  curl -s '{url}/recommend/{user}?k=5'",
+    ]
+    if token is not None:
+        ratings = json.dumps({"ratings": [{"user": "newcomer", "item": i, "rating": 5} for i in items]})
+        lines += [
+            "A user the model never saw: popular items first, then its own recommendations once it rates:",
+            f"  curl -s '{url}/recommend/newcomer?k=5'",
+            f"  curl -s -X POST {url}/ratings -H 'authorization: Bearer {token}' "
+            f"-H 'content-type: application/json' -d '{ratings}'",
+            f"  curl -s '{url}/recommend/newcomer?k=5'",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -251,3 +251,14 @@ def test_train_refuses_an_unknown_inference_setting(synthetic_csv: Path, tmp_pat
     )  # fmt: skip
     _assert_clean_error(proc, "dcmc train: error:", "unknown inference setting 'crf.gama'", "crf.gamma")
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.ckpt").exists()
+
+
+def test_demo_prints_the_online_loop() -> None:
+    from training.cli import demo_commands
+
+    text = demo_commands("http://127.0.0.1:8000", "u0", ["i1", "i2"], "tok")
+    assert "curl -s 'http://127.0.0.1:8000/recommend/newcomer?k=5'" in text
+    assert "-X POST http://127.0.0.1:8000/ratings -H 'authorization: Bearer tok'" in text
+    assert '"user": "newcomer", "item": "i1", "rating": 5' in text
+    assert text.index("/recommend/newcomer") < text.index("/ratings") < text.rindex("/recommend/newcomer")
+    assert "/ratings" not in demo_commands("http://h:1", "u0", ["i1"], None)  # no Redis: no writes
