@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.artifact import load_artifact
 from service.metrics import Metrics, MetricsMiddleware
-from service.routes import items, ops, predict, ratings, users
+from service.routes import items, ops, predict, ratings, recommend, users
 from service.scoring import Scorer
 from service.settings import Settings, get_settings
 
@@ -74,6 +74,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(users.router)
     app.include_router(items.router)
     app.include_router(ratings.router)
+    app.include_router(recommend.router)
     app.include_router(ops.router)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

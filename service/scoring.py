@@ -35,6 +35,22 @@ def effective_inference(stored: InferenceConfig, settings: Settings) -> Inferenc
     return stored.with_overrides(inference_overrides(settings))
 
 
+def nearest(unit: np.ndarray, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k rows of `unit` other than `row` with the highest scaled cosine (1 + cos) / 2 to it, best
+    first, ties by index (at the cut too): (indices, scores)."""
+    scores = (1.0 + unit @ unit[row]) / 2.0
+    scores[row] = -np.inf
+    k = min(k, len(scores) - 1)
+    if k <= 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
+    cut = -np.partition(-scores, k - 1)[k - 1]  # the k-th best score
+    above = np.flatnonzero(scores > cut)
+    tied = np.flatnonzero(scores == cut)[: k - len(above)]  # the lowest indices among those at the cut
+    top = np.concatenate([above, tied])
+    top = top[np.lexsort((top, -scores[top]))]  # by score, ties by index
+    return top, scores[top]
+
+
 class Scorer:
     """Answers rating and similarity queries for one artifact, and takes ratings online."""
 
@@ -174,10 +190,8 @@ class Scorer:
 
     def similar_users(self, user: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first."""
-        unit = self.fold.state.network.user_unit
-        scores = (1.0 + unit @ unit[user]) / 2.0  # (n,)
-        scores[user] = -np.inf
-        k = min(k, len(scores) - 1)
-        top = np.argpartition(-scores, k - 1)[:k] if k > 0 else np.empty(0, dtype=np.int64)
-        top = top[np.lexsort((top, -scores[top]))]  # by score, ties by index
-        return top, scores[top]
+        return nearest(self.fold.state.network.user_unit, user, k)
+
+    def similar_items(self, item: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k items with the highest scaled cosine s_c = (1 + cos) / 2 to `item`, best first."""
+        return nearest(self.fold.state.network.item_unit, item, k)

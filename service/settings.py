@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_token_is_none(cls, value: object) -> object:
         return None if value == "" else value
+
     max_ratings: PositiveInt = 1000
     """Largest `ratings` batch accepted by POST /ratings."""
     max_items: PositiveInt = 1000

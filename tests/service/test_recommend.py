@@ -12,7 +12,6 @@ import pytest
 
 from model.artifact import Artifact, load_artifact
 from model.config import InferenceConfig
-from service.routes import recommend
 from tests.service.conftest import App
 from training.evaluate import predict_ratings
 
@@ -20,10 +19,7 @@ EXACT: dict[str, Any] = {"mode": "exact", "kernel": {"known": "clamped", "co_rat
 
 
 def mount(api: App) -> App:
-    """The recommendation router on the app, unless create_app already routes it."""
-    fastapi_app: Any = api.client.app
-    if not any(getattr(r, "path", None) == "/recommend/{user_id}" for r in fastapi_app.routes):
-        fastapi_app.include_router(recommend.router)
+    """The app as create_app builds it (which routes /recommend)."""
     return api
 
 

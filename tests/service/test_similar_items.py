@@ -6,23 +6,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fastapi import FastAPI
-from starlette.routing import NoMatchFound
 
 from model.artifact import load_artifact
-from service.routes import items
 from service.schemas import MAX_ID_LENGTH
+from service.scoring import nearest
 from tests.service.conftest import App
 
 
 @pytest.fixture()
 def api(app: App) -> App:
-    """The `app` fixture with the items router mounted (until service.main includes it itself)."""
-    fastapi_app: FastAPI = app.client.app  # type: ignore[assignment]
-    try:  # (FastAPI nests included routers: look the route up by name rather than scanning `routes`)
-        fastapi_app.url_path_for("similar_items", item_id="x")
-    except NoMatchFound:
-        fastapi_app.include_router(items.router)
+    """The service in process (create_app routes /similar-items)."""
     return app
 
 
@@ -54,12 +47,12 @@ def test_k_defaults_to_ten(api: App) -> None:
 def test_ties_go_by_index_at_the_cut_too() -> None:
     # rows 1, 2, 4 and 5 are the same direction: equally similar to row 0
     unit = np.array([[1.0, 0.0], [0.6, 0.8], [0.6, 0.8], [0.0, -1.0], [0.6, 0.8], [0.6, 0.8], [1.0, 0.0]])
-    idx, scores = items.nearest(unit, 0, 3)
+    idx, scores = nearest(unit, 0, 3)
     assert idx.tolist() == [6, 1, 2]
     np.testing.assert_allclose(scores, [1.0, 0.8, 0.8])
-    idx, _ = items.nearest(unit, 0, 100)
+    idx, _ = nearest(unit, 0, 100)
     assert idx.tolist() == [6, 1, 2, 4, 5, 3]
-    idx, scores = items.nearest(unit[:1], 0, 5)
+    idx, scores = nearest(unit[:1], 0, 5)
     assert idx.tolist() == [] and scores.tolist() == []
 
 
