@@ -74,6 +74,10 @@ class FoldIn:
         """The external id of a user index."""
         return self._ids[index]
 
+    def online_count(self, user: int) -> int:
+        """How many items the user rated online."""
+        return len(self._online.get(user, ()))
+
     def online_ratings(self, user: int) -> dict[int, float]:
         """The user's online ratings by item (a copy)."""
         with self._lock:

@@ -84,6 +84,10 @@ class PredictResponse(BaseModel):
     user: str
     model_version: str
     inference: Literal["paper", "none", "exact"]
+    online_ratings: int = Field(
+        description="The user's ratings that arrived online (POST /ratings, from Redis) and are folded into "
+        "these answers; 0 = the artifact's model of the user."
+    )
     predictions: list[Prediction]
 
 

@@ -168,6 +168,10 @@ class Scorer:
         """The external id of a user index."""
         return self.fold.user_id(index)
 
+    def online_count(self, user: int) -> int:
+        """How many of the user's ratings arrived online (and are folded in)."""
+        return self.fold.online_count(user)
+
     def rated_items(self, user: int) -> np.ndarray:
         """The items `user` has rated (training, held-out and online ratings): sorted item indices."""
         known = self.fold.state.known

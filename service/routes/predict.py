@@ -78,6 +78,7 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
         "user": body.user,
         "model_version": scorer.version,
         "inference": scorer.inference.mode,
+        "online_ratings": scorer.online_count(user_idx),
         "predictions": predictions,
     }
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")

@@ -53,6 +53,8 @@ def test_a_new_user_is_folded_in_from_its_first_ratings(
         assert r.status_code == 200, r.text
         assert r.json()["accepted"] == 2 and r.json()["model_version"]
         first = _predict(api.client, "newbie")
+        r = api.client.post("/predict", json={"user": "newbie", "items": ITEMS})
+        assert r.json()["online_ratings"] == 2
         assert np.isfinite(first).all()
         similar = api.client.get("/similar-users/newbie", params={"k": 3})
         assert similar.status_code == 200 and len(similar.json()["similar"]) == 3

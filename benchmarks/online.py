@@ -1,0 +1,697 @@
+"""Online ratings (POST /ratings) measured end to end: fold-in accuracy and cold start, freshness across
+replicas, and the speed of writes next to reads.
+
+    python benchmarks/online.py --accuracy --freshness --speed [--work /tmp/dcmc-online] [--duration 10]
+
+Every part starts its own redis-server (a free port, a temporary directory, `--appendonly yes
+--appendfsync always`, stopped by its pid) and real `dcmc serve` processes; the shared Redis is not used.
+
+1. --accuracy (ML-100K u1). A seeded 10% of the users with training ratings (seed 0) are held out: a csv
+   dataset whose train.csv lacks every u1 training rating of theirs (test.csv = u1's test) is trained with
+   `dcmc train --dataset csv` and the `--set` overrides that reproduce the ml-100k `default` preset's
+   training and inference. `dcmc serve` on it takes the held-out users' training ratings through
+   POST /ratings, in u.data's timestamp order, in steps (their first 1, 2, 5, 10, 20, 50, then all), and
+   their u1 test ratings are scored through POST /predict after each step. Compared on the same test
+   entries with the model trained on everything (`--base`, scored with the Python API) and with a
+   bias-only fold-in mu + b_i + c_j. The test split only reports this comparison; nothing is tuned on it.
+2. --freshness: two `dcmc serve` (1 worker each) on one Redis; a rating POSTed to A, B's /predict polled
+   until its answer changes; the time from A's 200 to B's changed answer.
+3. --speed: wrk against `dcmc serve --workers 2` on `--base`: /health (the floor), /predict with 100 items,
+   GET /recommend/{user}?k=10 (when the route exists), POST /ratings with one random rating (conc. 1, 32).
+
+Each part appends one JSON record to benchmarks/results/online.jsonl (and prints JSON lines); the report
+benchmarks/results/online.md (and online-cold-start.png) is rebuilt from the latest record of each part.
+Needs `wrk`, `redis-server` and matplotlib (the `experiments` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DCMC = str(Path(sys.executable).with_name("dcmc"))
+DATA_DIR = REPO.parent / "shared" / "datasets"
+BASE = REPO.parent / "runs" / "base" / "ml-100k"
+TOKEN = "online-bench-token"
+COLD_START = (0, 1, 2, 5, 10, 20, 50)
+"""Ratings posted per held-out user at each point of the cold-start curve (then all of them)."""
+HELD_FRACTION = 0.10
+HELD_SEED = 0
+USER_SHRINK = 2.0
+ITEM_SHRINK = 5.0
+TARGET_GAP = 0.01
+"""The target: fold-in RMSE within this much of the trained-in model's on the same entries."""
+PARTS = ("accuracy", "freshness", "speed")
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+# -- pure helpers (tests/test_online_bench.py) --------------------------------------------------------------
+
+
+def select_users(users: np.ndarray, fraction: float = HELD_FRACTION, seed: int = HELD_SEED) -> np.ndarray:
+    """A seeded `fraction` of the distinct `users` (round(fraction * n) of them), sorted."""
+    pool = np.unique(np.asarray(users, dtype=np.int64))
+    n = round(fraction * len(pool))
+    chosen = np.random.default_rng(seed).choice(pool, size=n, replace=False)
+    return np.sort(chosen)
+
+
+def write_csv(path: Path, user_ids: Sequence[str], item_ids: Sequence[str], rows: np.ndarray,
+              cols: np.ndarray, values: np.ndarray) -> None:
+    """A `user,item,rating` file (header line, external ids) of the entries, in order."""
+    with path.open("w") as fh:
+        fh.write("user,item,rating\n")
+        for i, j, v in zip(rows.tolist(), cols.tolist(), values.tolist(), strict=True):
+            fh.write(f"{user_ids[i]},{item_ids[j]},{v:g}\n")
+
+
+def write_dataset(directory: Path, split: Any, held: np.ndarray) -> np.ndarray:
+    """A csv dataset directory: train.csv = the split's training entries less every one of the `held`
+    users, test.csv = the split's test entries. Returns the mask of the training entries kept."""
+    directory.mkdir(parents=True, exist_ok=True)
+    keep = ~np.isin(split.train.rows, held)
+    tr, te = split.train, split.test
+    write_csv(directory / "train.csv", split.user_ids, split.item_ids,
+              tr.rows[keep], tr.cols[keep], tr.values[keep])
+    write_csv(directory / "test.csv", split.user_ids, split.item_ids, te.rows, te.cols, te.values)
+    return keep
+
+
+def bias_user(mu: float, c: np.ndarray, items: np.ndarray, ratings: np.ndarray,
+              shrink: float = USER_SHRINK) -> float:
+    """A user's ridge bias from their ratings given mu and the item biases c:
+    sum_j (r_j - mu - c_j) / (n + shrink) (0 without ratings)."""
+    items = np.asarray(items, dtype=np.int64)
+    ratings = np.asarray(ratings, dtype=np.float64)
+    return float(np.sum(ratings - mu - c[items]) / (len(ratings) + shrink))
+
+
+def bias_predict(mu: float, b: float, c: np.ndarray, items: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """mu + b + c_j, clipped to the rating range."""
+    return np.clip(mu + b + c[np.asarray(items, dtype=np.int64)], lo, hi)
+
+
+def rmse(pred: np.ndarray, truth: np.ndarray) -> float:
+    """Root mean squared error."""
+    err = np.asarray(pred, dtype=np.float64) - np.asarray(truth, dtype=np.float64)
+    return float(np.sqrt(np.mean(err**2)))
+
+
+def time_order(users: np.ndarray, timestamps: np.ndarray) -> dict[int, np.ndarray]:
+    """Per user, the positions of their entries by timestamp (ties by position)."""
+    order = np.lexsort((np.arange(len(users)), timestamps, users))
+    out: dict[int, np.ndarray] = {}
+    sorted_users = users[order]
+    bounds = np.flatnonzero(np.diff(sorted_users)) + 1
+    for chunk in np.split(order, bounds):
+        if len(chunk):
+            out[int(users[chunk[0]])] = chunk
+    return out
+
+
+def steps(counts: Sequence[int], sizes: dict[int, int]) -> list[tuple[int, dict[int, tuple[int, int]]]]:
+    """The posting plan of the cold-start curve: for each count n (then None = all), the slice
+    [start, stop) of each user's ordered ratings to post so that the first min(n, n_i) are posted."""
+    plan: list[tuple[int, dict[int, tuple[int, int]]]] = []
+    done = dict.fromkeys(sizes, 0)
+    for n in [*counts, -1]:
+        todo = {}
+        for user, size in sizes.items():
+            stop = size if n < 0 else min(n, size)
+            if stop > done[user]:
+                todo[user] = (done[user], stop)
+                done[user] = stop
+        plan.append((n, todo))
+    return plan
+
+
+def chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of at most `size`."""
+    for start in range(0, len(seq), size):
+        yield seq[start : start + size]
+
+
+def summarize(samples_ms: Iterable[float]) -> dict[str, float]:
+    """n, p50, p99, max and mean of latencies in ms (linear-interpolated percentiles)."""
+    x = np.asarray(list(samples_ms), dtype=np.float64)
+    if len(x) == 0:
+        return {"n": 0}
+    return {
+        "n": len(x),
+        "p50_ms": float(np.percentile(x, 50)),
+        "p99_ms": float(np.percentile(x, 99)),
+        "max_ms": float(x.max()),
+        "mean_ms": float(x.mean()),
+    }
+
+
+def flat_inference(d: dict[str, Any]) -> dict[str, Any]:
+    """An inference dict's settings by dotted name (`mode`, `crf.gamma`, ...)."""
+    out: dict[str, Any] = {}
+    for group, values in d.items():
+        if isinstance(values, dict):
+            out.update({f"{group}.{k}": v for k, v in values.items()})
+        else:
+            out[group] = values
+    return out
+
+
+def _value(v: Any) -> str:
+    return "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def preset_overrides(target: Any, base: Any, train_cls: Any) -> list[str]:
+    """`--set` pairs that turn preset `base` (what `dcmc train` starts from) into preset `target`: every
+    differing TrainConfig field (the seed aside: `--seed`), model field and inference setting."""
+    out = []
+    for f in fields(train_cls):
+        if f.name != "seed" and getattr(target.train, f.name) != getattr(base.train, f.name):
+            out.append(f"{f.name}={_value(getattr(target.train, f.name))}")
+    for key in sorted(set(target.model) | set(base.model)):
+        if target.model.get(key) != base.model.get(key):
+            v = target.model[key]
+            out.append(f"{key}={','.join(map(str, v)) if isinstance(v, tuple | list) else _value(v)}")
+    want, have = flat_inference(target.inference.to_dict()), flat_inference(base.inference.to_dict())
+    for key, v in want.items():
+        if key == "mode" or v != have.get(key):
+            if target.inference.reads(key):
+                out.append(f"inference.{key}={_value(v)}")
+    return out
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    """requests/s, p50, p99 (ms) and failed requests from `wrk --latency` output."""
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+
+    def pct(p: str) -> float:
+        value, unit = re.search(rf"\s{p}%\s+([\d.]+)(us|ms|s|m)\b", out).groups()  # type: ignore[union-attr]
+        return float(value) * UNITS[unit]
+
+    total = re.search(r"(\d+) requests in", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock = re.search(r"Socket errors: (.*)", out)
+    return {
+        "rps": rps,
+        "p50_ms": pct("50"),
+        "p99_ms": pct("99"),
+        "requests": int(total.group(1)) if total else 0,
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": sock.group(1).strip() if sock else "",
+    }
+
+
+# -- environment: machine, commit, processes -----------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """nproc and the CPU model."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    return {"nproc": int(nproc) if nproc.isdigit() else os.cpu_count(), "cpu": cpu}
+
+
+def commit() -> dict[str, Any]:
+    """The short HEAD commit and whether the working tree has uncommitted changes (files listed)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
+    changed = [line for line in status.stdout.splitlines() if line.strip()]
+    return {"commit": head.stdout.strip() or "unknown", "dirty": bool(changed), "changes": changed}
+
+
+def describe_commit(c: dict[str, Any]) -> str:
+    return f"`{c['commit']}`" + (" with uncommitted changes" if c["dirty"] else "")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+class Redis:
+    """A private redis-server: free port, temporary directory, append-only file fsynced on every write."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = Path(tempfile.mkdtemp(prefix="dcmc-online-redis-"))
+        self.argv = [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir), "--daemonize", "no",
+        ]
+
+    def __enter__(self) -> Redis:
+        import redis
+
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = redis.Redis.from_url(self.url)
+        for _ in range(200):
+            try:
+                self.client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def config(self) -> dict[str, str]:
+        got = self.client.config_get("append*")
+        return {k: got[k] for k in ("appendonly", "appendfsync")}
+
+
+class Service:
+    """`dcmc serve` as a child process with a private environment (Redis, prefix, write token)."""
+
+    def __init__(self, artifacts: Path, redis_url: str, prefix: str, workers: int, log: Path) -> None:
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [DCMC, "serve", "--artifacts", str(artifacts), "--host", "127.0.0.1",
+                     "--port", str(self.port), "--workers", str(workers)]
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("DCMC_") and k != "REDIS_URL"}
+        self.env = {**clean, "REDIS_URL": redis_url, "DCMC_REDIS_KEY_PREFIX": prefix,
+                    "DCMC_WRITE_TOKEN": TOKEN, "DCMC_LOG_LEVEL": "warning"}
+        self.log = log.open("a")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def wait_ready(self, timeout: float = 180) -> Service:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dcmc serve exited with {self.proc.returncode} (log: {self.log.name})")
+            try:
+                if self.client.get("/ready").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.url} not ready after {timeout}s")
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+    def post_ratings(self, batch: Sequence[tuple[str, str, float]]) -> dict[str, Any]:
+        body = {"ratings": [{"user": u, "item": i, "rating": r} for u, i, r in batch]}
+        r = self.client.post("/ratings", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        if r.status_code != 200:
+            raise RuntimeError(f"POST /ratings answered {r.status_code}: {r.text[:500]}")
+        return dict(r.json())
+
+    def predict(self, user: str, items: Sequence[str]) -> np.ndarray:
+        r = self.client.post("/predict", json={"user": user, "items": list(items)})
+        if r.status_code != 200:
+            raise RuntimeError(f"POST /predict answered {r.status_code}: {r.text[:500]}")
+        return np.array([p["rating"] for p in r.json()["predictions"]], dtype=np.float64)
+
+    def metric(self, name: str) -> float:
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rpartition(" ")[2])
+        return 0.0
+
+
+# -- part 1: fold-in accuracy and the cold-start curve ------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def train_reduced(data: Path, out: Path, overrides: list[str], retrain: bool) -> dict[str, Any]:
+    """`dcmc train` on the reduced csv dataset; reuses an artifact this script trained on the same data
+    with the same command (stamp file beside it) unless `retrain`."""
+    argv = [DCMC, "train", "--dataset", "csv", "--data-dir", str(data), "--split", "u1", "--seed", "0",
+            "--threads", "1", "--no-progress", "--out", str(out)]
+    for pair in overrides:
+        argv += ["--set", pair]
+    stamp_path = out.parent / f"{out.name}.stamp.json"
+    stamp = {"argv": argv[1:], "train_csv": _sha256(data / "train.csv"), "test_csv": _sha256(data / "test.csv")}
+    command = " ".join(["dcmc", *argv[1:]])
+    if not retrain and (out / "manifest.json").is_file() and stamp_path.is_file():
+        old = json.loads(stamp_path.read_text())
+        if {k: old.get(k) for k in stamp} == stamp:
+            metrics = json.loads((out / "metrics.json").read_text())
+            return {"command": command, "reused": True, "trained_at": old.get("trained_at"),
+                    "trained_commit": old.get("commit"), **_train_summary(metrics)}
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out.parent / f"{out.name}.ckpt", ignore_errors=True)
+    print("$", command, flush=True)
+    log = out.parent / f"{out.name}.train.log"
+    t0 = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"dcmc train failed ({proc.returncode}); see {log}")
+    wall = time.perf_counter() - t0
+    c = commit()
+    stamp.update(trained_at=time.strftime("%Y-%m-%d %H:%M:%S"), commit=describe_commit(c), wall_s=wall)
+    stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {"command": command, "reused": False, "trained_at": stamp["trained_at"],
+            "trained_commit": stamp["commit"], "wall_s": round(wall, 1), **_train_summary(metrics)}
+
+
+def _train_summary(metrics: dict[str, Any]) -> dict[str, Any]:
+    keys = ("train_seconds", "epochs", "val_rmse", "n_train", "n_val")
+    return {k: metrics.get(k) for k in keys}
+
+
+def same_settings(reduced: Path, base: Path) -> dict[str, Any]:
+    """Whether the reduced artifact's training, model and inference settings equal the base artifact's
+    (data-given fields aside); the differences otherwise."""
+    from model.config import InferenceConfig
+
+    a, b = (json.loads((p / "config.json").read_text()) for p in (reduced, base))
+    diff: dict[str, Any] = {}
+    for key in sorted(set(a["train"]) | set(b["train"])):
+        if a["train"].get(key) != b["train"].get(key):
+            diff[f"train.{key}"] = [a["train"].get(key), b["train"].get(key)]
+    for key in sorted(set(a["model"]) | set(b["model"])):
+        if key not in ("n_users", "n_items") and a["model"].get(key) != b["model"].get(key):
+            diff[f"model.{key}"] = [a["model"].get(key), b["model"].get(key)]
+    ia, ib = (flat_inference(InferenceConfig.from_dict(x["inference"]).to_dict()) for x in (a, b))
+    for key in ia:
+        if ia[key] != ib[key]:
+            diff[f"inference.{key}"] = [ia[key], ib[key]]
+    return {"equal": not diff, "differences": diff}
+
+
+def trained_in(base: Path, user_ids: list[str], item_ids: list[str], rows: np.ndarray,
+               cols: np.ndarray) -> np.ndarray:
+    """Expected ratings of entries (dataset ids) by the model trained on everything, its own inference,
+    clipped to the levels as the service does (Python API)."""
+    from model.artifact import load_artifact
+    from model.engine import expected_rating
+    from model.scorers import artifact_scorer, predict_distributions
+
+    artifact = load_artifact(base)
+    u = artifact.users.indices([user_ids[i] for i in rows])
+    j = artifact.items.indices([item_ids[k] for k in cols])
+    network, scorer = artifact_scorer(artifact)
+    pred = expected_rating(predict_distributions(network, scorer, u, j), artifact.levels)
+    return np.clip(pred, artifact.levels[0], artifact.levels[-1])
+
+
+def score_service(svc: Service, user_ids: list[str], item_ids: list[str], test: Any,
+                  users: np.ndarray) -> np.ndarray:
+    """The service's predictions of the test entries of `users`, one /predict per user; NaN elsewhere."""
+    pred = np.full(len(test), np.nan)
+    for user in users.tolist():
+        pos = np.flatnonzero(test.rows == user)
+        if len(pos):
+            pred[pos] = svc.predict(user_ids[user], [item_ids[j] for j in test.cols[pos]])
+    return pred
+
+
+def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
+    from model.exact import bias_baseline
+    from training.config import TrainConfig, preset
+    from training.data import load_dataset
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    split = load_dataset("ml-100k", args.data_dir, split="u1")
+    # u1's training entries are u.data's lines 20001..100000 in file order: their timestamps.
+    raw = np.loadtxt(Path(args.data_dir) / "ml-100k" / "u.data", dtype=np.int64)
+    train_raw = raw[20_000:]
+    uid = np.asarray(split.user_ids)[split.train.rows].astype(np.int64)
+    iid = np.asarray(split.item_ids)[split.train.cols].astype(np.int64)
+    if not (np.array_equal(uid, train_raw[:, 0]) and np.array_equal(iid, train_raw[:, 1])):
+        raise RuntimeError("u1's training entries are not u.data's lines 20001.. in order")
+    stamps = train_raw[:, 3]
+    held = select_users(split.train.rows, HELD_FRACTION, HELD_SEED)
+    data_dir = work / "data"
+    keep = write_dataset(data_dir, split, held)
+    n_users_with_train = len(np.unique(split.train.rows))
+    overrides = preset_overrides(preset("ml-100k"), preset("csv"), TrainConfig)
+    training = train_reduced(data_dir, work / "reduced", overrides, args.retrain)
+    emit({"part": "accuracy", "step": "trained", **training})
+    reduced = work / "reduced"
+    settings_check = same_settings(reduced, Path(args.base))
+    if not settings_check["equal"]:
+        print("warning: the reduced model's settings differ from the base artifact's:",
+              settings_check["differences"], file=sys.stderr)
+
+    red_items = set(json.loads((reduced / "item_ids.json").read_text()))
+    red_users = set(json.loads((reduced / "user_ids.json").read_text()))
+    tr, te = split.train, split.test
+    lo, hi = float(split.levels[0]), float(split.levels[-1])
+    held_set = set(held.tolist())
+    # The held-out users' training ratings in time order; items the reduced model lacks (rated only by
+    # held-out users in training and absent from the test split) cannot be posted and are left out of both
+    # fold-ins.
+    order = time_order(tr.rows[~keep], stamps[~keep])
+    idx_held = np.flatnonzero(~keep)
+    per_user: dict[int, np.ndarray] = {}
+    dropped = 0
+    for user, pos in order.items():
+        entries = idx_held[pos]
+        ok = np.array([split.item_ids[j] in red_items for j in tr.cols[entries]], dtype=bool)
+        dropped += int((~ok).sum())
+        per_user[user] = entries[ok]
+    in_test = np.isin(te.rows, held)
+    test_held = np.flatnonzero(in_test)
+    users_with_test = np.unique(te.rows[in_test])
+    # Bias-only fold-in: mu and item biases c fitted on the reduced training set.
+    mu, _, c = bias_baseline(tr.rows[keep], tr.cols[keep], tr.values[keep], split.n_users, split.n_items,
+                             USER_SHRINK, ITEM_SHRINK)
+    # The model trained on everything, on every test entry (the held-out users' and the others').
+    base_pred = trained_in(Path(args.base), split.user_ids, split.item_ids, te.rows, te.cols)
+    base_held = rmse(base_pred[in_test], te.values[in_test])
+
+    sizes = {u: len(p) for u, p in per_user.items()}
+    curve = []
+    restart: dict[str, Any] = {}
+    others: dict[str, Any] = {}
+    with Redis() as redis_server:
+        prefix = "online-accuracy"
+        log = work / "serve-accuracy.log"
+        svc = Service(reduced, redis_server.url, prefix, 1, log).wait_ready()
+        try:
+            posted = 0
+            for n, todo in steps(COLD_START, sizes):
+                batch = []
+                for user, (start, stop) in todo.items():
+                    for k in per_user[user][start:stop].tolist():
+                        batch.append((split.user_ids[tr.rows[k]], split.item_ids[tr.cols[k]],
+                                      float(tr.values[k])))
+                t0 = time.perf_counter()
+                for part in chunks(batch, 1000):
+                    svc.post_ratings(part)
+                post_s = time.perf_counter() - t0
+                posted += len(batch)
+                scored = users_with_test if n != 0 else np.array(
+                    [u for u in users_with_test.tolist() if split.user_ids[u] in red_users], dtype=np.int64)
+                everyone = n in (0, -1)  # before and after: the other users too
+                t0 = time.perf_counter()
+                pred = score_service(svc, split.user_ids, split.item_ids, te,
+                                     np.unique(te.rows) if everyone else scored)
+                score_s = time.perf_counter() - t0
+                # bias-only fold-in from the same posted ratings
+                bias = np.full(len(te), np.nan)
+                for user in users_with_test.tolist():
+                    entries = per_user.get(user, np.empty(0, np.int64))
+                    stop = len(entries) if n < 0 else min(n, len(entries))
+                    b = bias_user(mu, c, tr.cols[entries[:stop]], tr.values[entries[:stop]])
+                    pos = np.flatnonzero(te.rows == user)
+                    bias[pos] = bias_predict(mu, b, c, te.cols[pos], lo, hi)
+                sel = test_held[~np.isnan(pred[test_held])]
+                capped = sum(1 for u in users_with_test.tolist() if n > 0 and sizes.get(u, 0) < n)
+                point = {
+                    "n": "all" if n < 0 else n,
+                    "ratings_posted_total": posted,
+                    "users_scored": int(len(np.unique(te.rows[sel]))),
+                    "test_entries": int(len(sel)),
+                    "users_with_fewer": capped,
+                    "rmse_foldin": rmse(pred[sel], te.values[sel]),
+                    "rmse_bias": rmse(bias[sel], te.values[sel]),
+                    "rmse_trained_in": rmse(base_pred[sel], te.values[sel]),
+                    "post_s": round(post_s, 2),
+                    "score_s": round(score_s, 2),
+                }
+                curve.append(point)
+                emit({"part": "accuracy", "step": "point", **point})
+                if everyone:
+                    rest = np.flatnonzero(~in_test)
+                    others["before" if n == 0 else "after"] = rmse(pred[rest], te.values[rest])
+                if n < 0:
+                    final = pred.copy()
+            applied = svc.metric("dcmc_ratings_applied_total")
+            svc.stop()
+            # A fresh process replays the stream at start-up: it must answer alike.
+            t0 = time.perf_counter()
+            svc = Service(reduced, redis_server.url, prefix, 1, log).wait_ready()
+            replay_s = time.perf_counter() - t0
+            again = score_service(svc, split.user_ids, split.item_ids, te, users_with_test)
+            restart = {
+                "max_abs_diff": float(np.nanmax(np.abs(again[test_held] - final[test_held]))),
+                "ready_s": round(replay_s, 1),
+                "stream_length": int(redis_server.client.xlen(f"{prefix}:ratings")),
+            }
+            durability = redis_server.config()
+        finally:
+            svc.stop()
+    full = curve[-1]
+    record = {
+        "part": "accuracy",
+        "dataset": "ml-100k u1",
+        "held_out": {
+            "users": len(held),
+            "of_users_with_training_ratings": n_users_with_train,
+            "fraction": HELD_FRACTION,
+            "seed": HELD_SEED,
+            "users_with_test_entries": len(users_with_test),
+            "training_ratings_removed": int((~keep).sum()),
+            "training_ratings_posted": int(sum(sizes.values())),
+            "ratings_not_postable_item_unknown": dropped,
+            "test_entries": int(in_test.sum()),
+            "users_in_reduced_vocabulary": sum(1 for u in held.tolist() if split.user_ids[u] in red_users),
+        },
+        "order": "u.data timestamp order per user (ties by file line)",
+        "reduced_train_rows": int(keep.sum()),
+        "training": training,
+        "overrides": overrides,
+        "settings_match_base": settings_check,
+        "base": str(args.base),
+        "base_meta": _base_meta(Path(args.base)),
+        "bias": {"mu": mu, "user_shrink": USER_SHRINK, "item_shrink": ITEM_SHRINK},
+        "curve": curve,
+        "rmse_foldin": full["rmse_foldin"],
+        "rmse_trained_in": full["rmse_trained_in"],
+        "rmse_bias": full["rmse_bias"],
+        "gap": full["rmse_foldin"] - full["rmse_trained_in"],
+        "target_gap": TARGET_GAP,
+        "met": full["rmse_foldin"] - full["rmse_trained_in"] <= TARGET_GAP,
+        "trained_in_all_test": rmse(base_pred, te.values),
+        "trained_in_held_all_entries": base_held,
+        "other_users": {
+            "test_entries": int((~in_test).sum()),
+            "rmse_reduced_before_posting": others.get("before"),
+            "rmse_reduced_after_posting": others.get("after"),
+            "rmse_trained_in": rmse(base_pred[~in_test], te.values[~in_test]),
+        },
+        "replay_restart": restart,
+        "ratings_applied_metric": applied,
+        "redis": durability,
+        "workers": 1,
+    }
+    return record
+
+
+def _base_meta(base: Path) -> dict[str, Any]:
+    cfg = json.loads((base / "config.json").read_text())
+    man = json.loads((base / "manifest.json").read_text())
+    met = json.loads((base / "metrics.json").read_text())
+    return {"model_version": man.get("model_version"), "dataset": cfg.get("dataset"),
+            "preset": cfg.get("train", {}).get("preset"), "train_seconds": met.get("train_seconds")}
+
+
+# -- main ------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--accuracy", action="store_true", help="part 1: fold-in accuracy and cold start")
+    parser.add_argument("--freshness", action="store_true", help="part 2: replica freshness")
+    parser.add_argument("--speed", action="store_true", help="part 3: wrk latencies and throughput")
+    parser.add_argument("--report", action="store_true", help="only rebuild online.md from online.jsonl")
+    parser.add_argument("--data-dir", default=str(DATA_DIR), help="holds ml-100k/u.data")
+    parser.add_argument("--base", default=str(BASE), help="the ML-100K artifact trained on everything")
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "dcmc-online"),
+                        help="reduced dataset, reduced artifact and logs (outside the repository)")
+    parser.add_argument("--retrain", action="store_true", help="train the reduced model even if reusable")
+    parser.add_argument("--train-only", action="store_true", help="part 1: prepare and train, then stop")
+    parser.add_argument("--freshness-n", type=int, default=200, help="ratings posted (part 2)")
+    parser.add_argument("--freshness-seconds", type=float, default=120, help="time bound of part 2")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (part 3)")
+    parser.add_argument("--results", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    command = "python benchmarks/online.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = Path(args.results)
+    chosen = [p for p in PARTS if getattr(args, p)]
+    if not chosen and not args.report:
+        parser.error("choose at least one of --accuracy, --freshness, --speed (or --report)")
+    if args.train_only:
+        from training.config import TrainConfig, preset
+        from training.data import load_dataset
+
+        split = load_dataset("ml-100k", args.data_dir, split="u1")
+        held = select_users(split.train.rows)
+        work = Path(args.work)
+        write_dataset(work / "data", split, held)
+        overrides = preset_overrides(preset("ml-100k"), preset("csv"), TrainConfig)
+        emit({"step": "trained", **train_reduced(work / "data", work / "reduced", overrides, args.retrain)})
+        return 0
+    functions = {"accuracy": part_accuracy}
+    for part in chosen:
+        t0 = time.time()
+        record = functions[part](args)
+        record.update(
+            command=command,
+            machine=machine(),
+            git=commit(),
+            started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
+            wall_s=round(time.time() - t0, 1),
+        )
+        results.mkdir(parents=True, exist_ok=True)
+        with (results / "online.jsonl").open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        emit(record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
