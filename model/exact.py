@@ -652,52 +652,73 @@ class ExactScorer:
                 output.baseline_item_shrink,
             )
 
-    def updated(self, network: Network, known: Ratings, users: IntArray) -> ExactScorer:
-        """The scorer once ratings arrived online: `network` and `known` include them (users may have been
-        added at the end), `users` are those whose ratings or embeddings changed.
+    def updated(
+        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+    ) -> ExactScorer:
+        """The scorer once ratings arrived online: `network` and `known` include them (users and items may
+        have been added at the end); `users` are those whose ratings or embeddings changed, `items` those
+        whose embeddings changed.
 
-        With clamped known entries and normalized or summed messages the field changes by those users'
-        terms alone, G += a_i' (sum_l t_l b_l)' - a_i (sum_l t_l b_l) over each user's old and new row, in
-        O(|their ratings| p D + |users| p D^2): it is never rebuilt. Otherwise (known entries updated by the
-        network, or messages scaled by n x m) it is recomputed. The co-rating tables stay those of the
-        artifact's ratings until the next training (a new user has no neighbours in the user table); the
-        bias baseline refits the changed users' biases against the artifact's item biases."""
+        With clamped known entries and normalized or summed messages the field changes by the terms of the
+        entries on those rows and columns alone: their old terms out, their new ones (new ratings, new
+        embeddings) in, in O(|those entries| D p + |users| D^2 p). It is never rebuilt. Otherwise (known
+        entries updated by the network, or messages scaled by n x m) it is recomputed. The co-rating tables
+        stay those of the artifact's ratings until the next training (new users and items have no
+        neighbours in them); the bias baseline refits the changed users' biases against the item biases."""
+        items = np.empty(0, dtype=np.int64) if items is None else np.asarray(items, dtype=np.int64)
+        users = np.asarray(users, dtype=np.int64)
         new = copy.copy(self)
         new.network, new.known = network, known
         new.user_lifted = lift(network.user_unit)
+        new.item_lifted = (
+            lift(network.item_unit)
+            if len(items) or network.n_items > self.network.n_items
+            else (self.item_lifted)
+        )
         new.lines = new._lines(self.lines)
-        scale = self.field.scale * self.network.n_users / network.n_users
+        scale = (
+            self.field.scale
+            * self.network.n_users
+            * self.network.n_items
+            / (network.n_users * network.n_items)
+        )
         if self.kernel.known == "clamped" and self.kernel.scaling != "scaled":
-            g, h = self.field.g.copy(), self.field.h.copy()
-            for user in np.asarray(users, dtype=np.int64):
-                for scorer, sign in ((self, -1.0), (new, 1.0)):
-                    if user >= scorer.network.n_users:
-                        continue  # a new user had no terms
-                    pos = scorer.known.by_row.of(int(user))
-                    labels = nearest_level(scorer.known.values[pos], scorer.network.levels)
-                    t = scorer.compat[labels]  # (r, p)
-                    b = scorer.item_lifted[scorer.known.cols[pos]]  # (r, D)
-                    a = scorer.user_lifted[user]  # (D,)
-                    g += sign * a[None, :, None] * (t.T @ b)[:, None, :]
-                    h += sign * np.outer(a, b.sum(axis=0))
+            old_g, old_h = self._terms(users, items)
+            new_g, new_h = new._terms(users, items)
             lines_on = new.lines is not None and new.lines.active
             t_all = self.compat[nearest_level(known.values, network.levels)] if lines_on else None
             new.field = KnownField(
-                g=g, h=h, scaling=self.kernel.scaling, scale=scale, t=t_all, interp=self.field.interp
+                g=self.field.g - old_g + new_g,
+                h=self.field.h - old_h + new_h,
+                scaling=self.kernel.scaling,
+                scale=scale,
+                t=t_all,
+                interp=self.field.interp,
             )
         else:
             new.field = new._known_field(scale)
         new.field_source = "online"
         if self.biases is not None:
-            mu, old_b, c = self.biases
-            b = np.zeros(network.n_users)
-            b[: len(old_b)] = old_b
-            for user in np.asarray(users, dtype=np.int64):
+            mu, old_b, old_c = self.biases
+            b, c = np.zeros(network.n_users), np.zeros(network.n_items)
+            b[: len(old_b)], c[: len(old_c)] = old_b, old_c
+            for user in users:
                 pos = known.by_row.of(int(user))
                 residual = known.values[pos] - mu - c[known.cols[pos]]
                 b[user] = residual.sum() / (len(pos) + self.output.baseline_user_shrink)
             new.biases = (mu, b, c)
         return new
+
+    def _terms(self, users: IntArray, items: IntArray) -> tuple[FloatArray, FloatArray]:
+        """The clamped field's terms (G, H) of the known entries on the rows `users` or the columns `items`:
+        sum_l t_l a_{i_l} b_{j_l}^T over them (users and items beyond this scorer's matrix have none)."""
+        known = self.known
+        on_rows, _ = known.by_row.members(users[users < known.n_users])
+        on_cols, _ = known.by_col.members(items[items < known.n_items])
+        pos = np.union1d(on_rows, on_cols)
+        graph = FactorizedGraph(self.user_lifted, self.item_lifted, known.rows[pos], known.cols[pos])
+        t = self.compat[nearest_level(known.values[pos], self.network.levels)]
+        return graph.aggregate(t), graph.total()
 
     def _lines(self, tables: Lines | None = None) -> Lines | None:
         """The kernel's line and co-rating terms (None when every weight is 0), with their tables (those
@@ -706,15 +727,18 @@ class ExactScorer:
         if not any((k.same_user, k.same_item, k.co_rating, k.co_rating_user)):
             return None
         if tables is not None:
-            users = tables.user_affinity
-            if users is not None and len(users) < net.n_users:
-                grown = np.zeros((net.n_users, net.n_users))
-                grown[: len(users), : len(users)] = users
-                users = grown
+            items = _grown(tables.affinity, net.n_items)
+            users = _grown(tables.user_affinity, net.n_users)
             return Lines(
-                k.same_user, k.same_item, known, k.co_rating, tables.affinity, k.co_rating_prior,
-                k.co_rating_user, users,
-            )  # fmt: skip
+                k.same_user,
+                k.same_item,
+                known,
+                k.co_rating,
+                items,
+                k.co_rating_prior,
+                k.co_rating_user,
+                users,
+            )
         items = users = None
         if k.co_rating > 0:
             items = co_rating_affinity(
@@ -767,6 +791,15 @@ class ExactScorer:
         mu, user_bias, item_bias = self.biases
         baseline = mu + user_bias[rows] + item_bias[cols]
         return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
+
+
+def _grown(table: FloatArray | None, size: int) -> FloatArray | None:
+    """A square co-rating table padded with zero rows and columns (no neighbours) up to `size`."""
+    if table is None or len(table) >= size:
+        return table
+    out = np.zeros((size, size))
+    out[: len(table), : len(table)] = table
+    return out
 
 
 def check_settings(kernel: KernelSettings, n_users: int, n_items: int) -> None:

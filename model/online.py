@@ -9,8 +9,12 @@ applied on top of it by `FoldIn.apply`:
   row, i.e. the network's input: the user's training ratings with the online ones added or replacing
   them. The row branch embeds any rating row, so a user id the artifact never saw gets the next index and
   an embedding from its first rating on;
+- an item id the artifact never saw becomes a new item. The column branch embeds it from its ratings by
+  users the model was trained on (the branch's input is a column over those users) as soon as it has one;
+  until then it is not part of the CRF, and its predictions come from the bias baseline (`baseline`,
+  `embedded`). The artifact's items keep their embeddings;
 - the inference mode's scorer takes the change (`updated`): the exact CRF's known field by the changed
-  users' terms alone (model/exact.py), the paper's partitions drawn again.
+  rows' and columns' terms alone (model/exact.py), the paper's partitions drawn again.
 
 Each state is a new immutable `OnlineState`, published by one assignment: a reader takes `fold.state`
 once and sees one consistent model.
@@ -27,12 +31,17 @@ import numpy as np
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import Network
+from model.exact import bias_baseline
 from model.ratings import Ratings
 from model.scorers import Scorer, artifact_scorer
 from model.types import Array, IntArray
 
-EmbedRows = Callable[[Array], Array]
-"""The row branch: dense rating rows (b, m) float32 -> user embeddings (b, d) float32."""
+Embed = Callable[[Array], Array]
+"""A branch of the network: dense rating rows (b, m) -> user embeddings (b, d), or dense rating columns
+(b, n) -> item embeddings (b, d), float32 (the artifact's n x m matrix)."""
+
+USER_SHRINK, ITEM_SHRINK = 2.0, 5.0
+"""Ridge penalties of the bias baseline that predicts a new item until it has an embedding."""
 
 
 @dataclass(frozen=True)
@@ -49,62 +58,101 @@ class OnlineState:
 class FoldIn:
     """An artifact's model that takes ratings online (see the module docstring)."""
 
-    def __init__(self, artifact: Artifact, inference: InferenceConfig, embed_rows: EmbedRows) -> None:
+    def __init__(
+        self, artifact: Artifact, inference: InferenceConfig, embed_rows: Embed, embed_cols: Embed
+    ) -> None:
         self.artifact = artifact
-        self._embed_rows = embed_rows
+        self._embed_rows, self._embed_cols = embed_rows, embed_cols
         network, scorer = artifact_scorer(artifact, inference)
         self._base = artifact.known()
         self._keep = np.ones(len(self._base), dtype=bool)  # artifact ratings not re-rated online
-        self._ids = list(artifact.users.ids)
-        self._index = {user: i for i, user in enumerate(self._ids)}
+        self._users = list(artifact.users.ids)
+        self._user_index = {user: i for i, user in enumerate(self._users)}
+        self._items = list(artifact.items.ids)
+        self._item_index = {item: j for j, item in enumerate(self._items)}
         self._online: dict[int, dict[int, float]] = {}  # user -> item -> latest online rating
+        self._new_items: dict[int, dict[int, float]] = {}  # new item -> user -> rating
+        self._embedded = np.ones(len(self._items), dtype=bool)  # new items: once the column branch can
+        base = self._base
+        self._mu, self._b, self._c = bias_baseline(
+            base.rows, base.cols, base.values, base.n_users, base.n_items, USER_SHRINK, ITEM_SHRINK
+        )
         self._lock = threading.Lock()
         self.state = OnlineState(network, self._base, scorer, 0)
 
     @property
     def n_users(self) -> int:
         """Users known so far: the artifact's, then the new ones in order of their first rating."""
-        return len(self._ids)
+        return len(self._users)
 
     def user_index(self, user: str) -> int | None:
         """The index of an external user id, or None when no rating of it is known."""
-        return self._index.get(user)
+        return self._user_index.get(user)
 
     def user_id(self, index: int) -> str:
         """The external id of a user index."""
-        return self._ids[index]
+        return self._users[index]
+
+    def item_index(self, item: str) -> int | None:
+        """The index of an external item id (the artifact's, then new ones), or None."""
+        return self._item_index.get(item)
+
+    def item_id(self, index: int) -> str:
+        """The external id of an item index."""
+        return self._items[index]
+
+    def embedded(self, items: IntArray) -> np.ndarray:
+        """Which of `items` have an embedding (every item of the artifact; a new one once the column branch
+        could embed it): the others are predicted by `baseline`."""
+        return self._embedded[items]
+
+    def baseline(self, user: int, items: IntArray) -> np.ndarray:
+        """The bias baseline's ratings mu + b_user + c_j: (K,)."""
+        out: np.ndarray = self._mu + self._b[user] + self._c[items]
+        return out
 
     def online_count(self, user: int) -> int:
         """How many items the user rated online."""
         return len(self._online.get(user, ()))
 
-    def online_ratings(self, user: int) -> dict[int, float]:
-        """The user's online ratings by item (a copy)."""
-        with self._lock:
-            return dict(self._online.get(user, {}))
+    def online_items(self, user: int) -> list[int]:
+        """The items the user rated online."""
+        return list(self._online.get(user, ()))
 
-    def apply(self, ratings: Sequence[tuple[str, int, float]]) -> None:
-        """Fold in (external user id, item index, rating) triples, in order; later ones win."""
+    def apply(self, ratings: Sequence[tuple[str, str, float]]) -> None:
+        """Fold in (external user id, external item id, rating) triples, in order; later ones win."""
         if not ratings:
             return
         with self._lock:
-            touched: set[int] = set()
+            m = self.artifact.config.n_items
+            users: set[int] = set()
+            items: set[int] = set()
             for user, item, value in ratings:
-                i = self._index.get(user)
+                i = self._user_index.get(user)
                 if i is None:
-                    i = self._index[user] = len(self._ids)
-                    self._ids.append(user)
-                self._online.setdefault(i, {})[int(item)] = float(value)
-                touched.add(i)
-            users = np.array(sorted(touched), dtype=np.int64)
-            known = self._known(users)
-            network = self._network(users)
+                    i = self._user_index[user] = len(self._users)
+                    self._users.append(user)
+                j = self._item_index.get(item)
+                if j is None:
+                    j = self._item_index[item] = len(self._items)
+                    self._items.append(item)
+                self._online.setdefault(i, {})[j] = float(value)
+                if j >= m:
+                    self._new_items.setdefault(j, {})[i] = float(value)
+                    items.add(j)
+                users.add(i)
+            touched_users = np.array(sorted(users), dtype=np.int64)
+            touched_items = np.array(sorted(items), dtype=np.int64)
+            network, embedded_items = self._network(touched_users, touched_items)
+            known = self._known(touched_users)
+            self._refit_biases(touched_users, touched_items)
             old = self.state
-            scorer = old.scorer.updated(network, known, users)
+            scorer = old.scorer.updated(network, known, touched_users, embedded_items)
             self.state = OnlineState(network, known, scorer, old.applied + len(ratings))
 
     def _known(self, users: IntArray) -> Ratings:
-        """The artifact's known ratings less those re-rated online, then every online rating."""
+        """The CRF's known ratings: the artifact's less those re-rated online, then every online rating of
+        an item that has an embedding."""
         base = self._base
         for user in users:
             if user < base.n_users:
@@ -112,37 +160,87 @@ class FoldIn:
                 rerated = np.isin(base.cols[pos], np.fromiter(self._online[int(user)], dtype=np.int64))
                 self._keep[pos[rerated]] = False
         rows, cols, values = [], [], []
-        for user, items in self._online.items():
-            rows.append(np.full(len(items), user, dtype=np.int64))
-            cols.append(np.fromiter(items.keys(), dtype=np.int64, count=len(items)))
-            values.append(np.fromiter(items.values(), dtype=np.float64, count=len(items)))
+        for user, ratings in self._online.items():
+            items = np.fromiter(ratings.keys(), dtype=np.int64, count=len(ratings))
+            keep = self._embedded[items]
+            rows.append(np.full(int(keep.sum()), user, dtype=np.int64))
+            cols.append(items[keep])
+            values.append(np.fromiter(ratings.values(), dtype=np.float64, count=len(ratings))[keep])
         keep = self._keep
         return Ratings(
             np.concatenate([base.rows[keep], *rows]),
             np.concatenate([base.cols[keep], *cols]),
             np.concatenate([base.values[keep], *values]),
-            len(self._ids),
-            base.n_items,
+            len(self._users),
+            len(self._items),
         )
 
-    def _network(self, users: IntArray) -> Network:
-        """The network with the changed users' embeddings recomputed by the row branch (rows grown for new
-        users)."""
+    def _network(self, users: IntArray, items: IntArray) -> tuple[Network, IntArray]:
+        """The network with the changed users' embeddings recomputed by the row branch and the changed new
+        items' by the column branch (rows grown for new users and items); also the items it embedded."""
         old = self.state.network
         train = self.artifact.train
-        dense = np.zeros((len(users), train.n_items), dtype=np.float32)
-        existing = users < train.n_users
+        n, m = train.n_users, train.n_items  # the branches' input widths
+        rows = np.zeros((len(users), m), dtype=np.float32)
+        existing = users < n
         if existing.any():
-            dense[existing] = train.dense_rows(users[existing])
+            rows[existing] = train.dense_rows(users[existing])
         for k, user in enumerate(users):
-            items = self._online[int(user)]
-            cols = np.fromiter(items.keys(), dtype=np.int64)
-            dense[k, cols] = np.fromiter(items.values(), dtype=np.float32)
-        embedded = np.asarray(self._embed_rows(dense), dtype=np.float32).astype(np.float64)
-        user_emb = old.user_emb
-        if len(self._ids) > len(user_emb):
-            user_emb = np.vstack([user_emb, np.zeros((len(self._ids) - len(user_emb), user_emb.shape[1]))])
-        else:
-            user_emb = user_emb.copy()
-        user_emb[users] = embedded
-        return Network(old.config, user_emb, old.item_emb, old.bilinear)
+            ratings = self._online[int(user)]
+            cols = np.fromiter(ratings.keys(), dtype=np.int64)
+            mine = cols < m
+            rows[k, cols[mine]] = np.fromiter(ratings.values(), dtype=np.float32)[mine]
+        user_emb = _grown(old.user_emb, len(self._users))
+        user_emb[users] = np.asarray(self._embed_rows(rows), dtype=np.float32).astype(np.float64)
+        self._embedded = np.concatenate(
+            [self._embedded, np.zeros(len(self._items) - len(self._embedded), bool)]
+        )
+        item_emb = _grown(old.item_emb, len(self._items))
+        columns, embeddable = [], []
+        for item in items:
+            raters = self._new_items[int(item)]
+            by = np.fromiter(raters.keys(), dtype=np.int64)
+            trained = by < n  # the column branch reads the users the model was trained on
+            if trained.any():
+                column = np.zeros(n, dtype=np.float32)
+                column[by[trained]] = np.fromiter(raters.values(), dtype=np.float32)[trained]
+                columns.append(column)
+                embeddable.append(int(item))
+        embedded = np.array(embeddable, dtype=np.int64)
+        if len(embedded):
+            item_emb[embedded] = np.asarray(self._embed_cols(np.stack(columns)), np.float32).astype(
+                np.float64
+            )
+            self._embedded[embedded] = True
+        return Network(old.config, user_emb, item_emb, old.bilinear), embedded
+
+    def _refit_biases(self, users: IntArray, items: IntArray) -> None:
+        """The baseline's biases of the changed users (given the item biases), then of the changed new
+        items (given the user biases): one exact ridge step each, over all their known ratings."""
+        self._b = _grown(self._b, len(self._users))
+        self._c = _grown(self._c, len(self._items))
+        base, keep, mu = self._base, self._keep, self._mu
+        for user in users:
+            ratings = dict(self._online[int(user)])
+            if user < base.n_users:
+                pos = base.by_row.of(int(user))
+                pos = pos[keep[pos]]
+                ratings = {
+                    **dict(zip(base.cols[pos].tolist(), base.values[pos].tolist(), strict=True)),
+                    **ratings,
+                }
+            cols = np.fromiter(ratings.keys(), dtype=np.int64)
+            values = np.fromiter(ratings.values(), dtype=np.float64)
+            self._b[user] = (values - mu - self._c[cols]).sum() / (len(values) + USER_SHRINK)
+        for item in items:
+            raters = self._new_items[int(item)]
+            by = np.fromiter(raters.keys(), dtype=np.int64)
+            values = np.fromiter(raters.values(), dtype=np.float64)
+            self._c[item] = (values - mu - self._b[by]).sum() / (len(values) + ITEM_SHRINK)
+
+
+def _grown(table: np.ndarray, rows: int) -> np.ndarray:
+    """A copy of `table` with zero rows appended up to `rows`."""
+    out = np.zeros((rows, *table.shape[1:]), dtype=table.dtype)
+    out[: len(table)] = table
+    return out

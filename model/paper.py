@@ -113,7 +113,9 @@ class PaperScorer:
         self.known_probs = network.probabilities(known.rows, known.cols)  # (N, p)
         self.parts = draw_partitions(network, known, settings)
 
-    def updated(self, network: Network, known: Ratings, users: IntArray) -> PaperScorer:
+    def updated(
+        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+    ) -> PaperScorer:
         """The scorer once ratings arrived online: the partitions are drawn again over the grown matrix."""
         return PaperScorer(network, known, self.crf, self.settings, self.message_scaling)
 

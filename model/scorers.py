@@ -27,8 +27,11 @@ class Scorer(Protocol):
         """(K, p) distributions of the entries (rows[k], cols[k])."""
         ...
 
-    def updated(self, network: Network, known: Ratings, users: IntArray) -> Scorer:
-        """The scorer once ratings arrived online (`users`: those whose row or embedding changed)."""
+    def updated(
+        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+    ) -> Scorer:
+        """The scorer once ratings arrived online (`users`: those whose row or embedding changed; `items`:
+        those whose embedding changed)."""
         ...
 
 
@@ -39,7 +42,9 @@ class NetworkScorer:
         """The base network's distributions, unchanged."""
         return query_probs
 
-    def updated(self, network: Network, known: Ratings, users: IntArray) -> NetworkScorer:
+    def updated(
+        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+    ) -> NetworkScorer:
         """Nothing to update: the new embeddings are the network's."""
         return self
 

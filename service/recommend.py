@@ -83,14 +83,15 @@ def recommend(
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
     user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback)."""
-    n_items = len(scorer.artifact.items)
+    n_items = scorer.n_items  # the artifact's items, then those first rated online
     try:
         user = scorer.user_index(user_id)
     except UnknownIdError:
         user = None
     rated = scorer.rated_items(user) if user is not None else np.empty(0, dtype=np.int64)
     if user is None or len(rated) == 0:
-        scores = popular_scores(scorer)
+        scores = popular_scores(scorer)  # the artifact's ratings: an item new since ranks last
+        scores = np.concatenate([scores, np.full(n_items - len(scores), -np.inf)])
         best = top_k(scores, candidate_mask(n_items, rated, allow, exclude), k)
         return best, scores[best], True
     mask = candidate_mask(n_items, rated, allow, exclude)
@@ -98,6 +99,6 @@ def recommend(
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), False
     # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
     # that share a block, so a rating must not depend on which other items were asked for.
-    ratings, _ = scorer.predict(user, np.arange(n_items, dtype=np.int64))
+    ratings, _, _ = scorer.predict(user, np.arange(n_items, dtype=np.int64))
     best = top_k(ratings, mask, k)
     return best, ratings[best], False

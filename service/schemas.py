@@ -76,6 +76,11 @@ class Prediction(BaseModel):
     item: str
     rating: float = Field(description="Expected rating sum_u L_u P_u, within the rating scale.")
     distribution: list[float] | None = Field(default=None, description="P(rating = L_u) per level.")
+    fallback: Literal["baseline"] | None = Field(
+        default=None,
+        description="`baseline`: a new item the network cannot embed yet (none of its raters is a user the "
+        "model was trained on), predicted by the bias baseline mu + b_user + c_item.",
+    )
 
 
 class PredictResponse(BaseModel):

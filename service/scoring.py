@@ -19,6 +19,7 @@ import redis
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating, label_probabilities
+from model.exact import level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn
 from model.scorers import check_inference
@@ -67,7 +68,7 @@ class Scorer:
         self._engine_lock = threading.Lock()
         # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
         start = time.perf_counter()
-        self.fold = FoldIn(artifact, self.inference, self._embed_rows)
+        self.fold = FoldIn(artifact, self.inference, self._embed_rows, self._embed_cols)
         source = getattr(self.fold.state.scorer, "field_source", None)
         log.info(
             "model %s ready in %.2fs (inference %s%s)",
@@ -128,16 +129,14 @@ class Scorer:
         with self._onnx_lock:
             return self.onnx.embed_users(rows)
 
+    def _embed_cols(self, cols: Array) -> Array:
+        with self._onnx_lock:
+            return self.onnx.embed_items(cols)
+
     def _apply(self, entries: list[Entry]) -> None:
         """Fold stream entries into the model (the follower calls it, in stream order)."""
-        items = self.artifact.items
-        triples = [(e.user, items.index(e.item), e.rating) for e in entries if e.item in items]
-        if len(triples) < len(entries):
-            log.warning(
-                "%d online ratings name items this artifact lacks; skipped", len(entries) - len(triples)
-            )
         with self._engine_lock:
-            self.fold.apply(triples)
+            self.fold.apply([(e.user, e.item, e.rating) for e in entries])
         if not self.replayed and self.follower is not None and self.follower.healthy:
             self.replayed = True
 
@@ -168,6 +167,24 @@ class Scorer:
         """The external id of a user index."""
         return self.fold.user_id(index)
 
+    def item_indices(self, items: Sequence[str]) -> np.ndarray:
+        """Internal indices of external item ids: the artifact's items, then those first rated online
+        (UnknownIdError listing every unknown one, in request order)."""
+        found = [self.fold.item_index(item) for item in items]
+        missing = [item for item, j in zip(items, found, strict=True) if j is None]
+        if missing:
+            raise UnknownIdError("item", list(dict.fromkeys(missing)))
+        return np.array(found, dtype=np.int64)
+
+    def item_id(self, index: int) -> str:
+        """The external id of an item index."""
+        return self.fold.item_id(index)
+
+    @property
+    def n_items(self) -> int:
+        """Items known so far (the artifact's, then new ones)."""
+        return self.fold.state.known.n_items
+
     def online_count(self, user: int) -> int:
         """How many of the user's ratings arrived online (and are folded in)."""
         return self.fold.online_count(user)
@@ -175,11 +192,14 @@ class Scorer:
     def rated_items(self, user: int) -> np.ndarray:
         """The items `user` has rated (training, held-out and online ratings): sorted item indices."""
         known = self.fold.state.known
-        return np.unique(known.cols[known.by_row.of(user)])
+        online = np.fromiter(self.fold.online_items(user), dtype=np.int64)
+        return np.union1d(known.cols[known.by_row.of(user)], online)
 
-    def predict(self, user: int, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Expected ratings (K,) and label distributions (K, p) of (user, items[k])."""
+    def predict(self, user: int, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Expected ratings (K,), label distributions (K, p) of (user, items[k]), and which of them come
+        from the bias baseline (new items not embedded yet) rather than the model: (K,) bool."""
         state = self.fold.state  # one consistent model for the whole request
+        fallback = ~self.fold.embedded(items)
         k = len(items)
         rows = np.full(k, user, dtype=np.int64)
         probs = label_probabilities(
@@ -189,8 +209,10 @@ class Scorer:
         # them side by side thrash memory without adding throughput (workers use the cores).
         with self._engine_lock:
             dist = state.scorer.predict(rows, items, probs)
+        if fallback.any():
+            dist[fallback] = level_distribution(self.fold.baseline(user, items[fallback]), self.levels)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
-        return ratings, dist
+        return ratings, dist, fallback
 
     def similar_users(self, user: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first."""

@@ -27,9 +27,8 @@ def similar_items(
 ) -> SimilarItemsResponse:
     """The k other items with the highest scaled cosine s_c of their embeddings, most similar first."""
     check_k(k, settings)
-    items = scorer.artifact.items
     try:
-        item_idx = items.index(item_id)
+        item_idx = int(scorer.item_indices([item_id])[0])
     except UnknownIdError as exc:
         raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_items": exc.missing}) from None
     idx, scores = scorer.similar_items(item_idx, k)
@@ -37,6 +36,6 @@ def similar_items(
         item=item_id,
         model_version=scorer.version,
         similar=[
-            SimilarItem(item=items.external(int(i)), score=float(s)) for i, s in zip(idx, scores, strict=True)
+            SimilarItem(item=scorer.item_id(int(i)), score=float(s)) for i, s in zip(idx, scores, strict=True)
         ],
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -41,7 +42,6 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
                 }
             ],
         )
-    artifact = scorer.artifact
     unknown: dict[str, list[str]] = {}
     user_idx = items_idx = None
     try:
@@ -49,7 +49,7 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
     except UnknownIdError as exc:
         unknown["unknown_users"] = exc.missing
     try:
-        items_idx = artifact.items.indices(body.items)
+        items_idx = scorer.item_indices(body.items)  # the artifact's items and those first rated online
     except UnknownIdError as exc:
         unknown["unknown_items"] = exc.missing
     if user_idx is None or items_idx is None:
@@ -60,9 +60,9 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
         ]
         raise HTTPException(status_code=404, detail={"msg": "; ".join(parts), **unknown})
     if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
-        ratings, dist = await run_in_threadpool(scorer.predict, user_idx, items_idx)
+        ratings, dist, fallback = await run_in_threadpool(scorer.predict, user_idx, items_idx)
     else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
-        ratings, dist = scorer.predict(user_idx, items_idx)
+        ratings, dist, fallback = scorer.predict(user_idx, items_idx)
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.
     if body.distribution:
@@ -74,6 +74,8 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
         predictions = [
             {"item": item, "rating": float(r)} for item, r in zip(body.items, ratings, strict=True)
         ]
+    for k in np.flatnonzero(fallback):  # a new item the network cannot embed yet
+        predictions[k]["fallback"] = "baseline"
     payload = {
         "user": body.user,
         "model_version": scorer.version,

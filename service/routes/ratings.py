@@ -112,14 +112,6 @@ async def post_ratings(
     ]
     if off:
         raise HTTPException(status_code=422, detail=off)
-    unknown = list(dict.fromkeys(r.item for r in ratings if r.item not in scorer.artifact.items))
-    if unknown:
-        shown = ", ".join(repr(i) for i in unknown[:20]) + (
-            f" (and {len(unknown) - 20} more)" if len(unknown) > 20 else ""
-        )
-        raise HTTPException(
-            status_code=404, detail={"msg": f"unknown item id(s): {shown}", "unknown_items": unknown}
-        )
     batch = [(r.user, r.item, _snap(r.rating, levels)) for r in ratings]
     try:
         last = await run_in_threadpool(scorer.write, batch)

@@ -109,13 +109,12 @@ async def recommend_items(
             status_code=422,
             detail=[{"loc": ["query", "items"], "type": "too_short", "msg": "items lists no item ids"}],
         )
-    vocab = scorer.artifact.items
     try:
-        vocab.indices((allow_ids or []) + (exclude_ids or []))  # one 404 listing every unknown id
+        scorer.item_indices((allow_ids or []) + (exclude_ids or []))  # one 404 listing every unknown id
     except UnknownIdError as exc:
         raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_items": exc.missing}) from None
-    allow = vocab.indices(allow_ids) if allow_ids is not None else None
-    excluded = vocab.indices(exclude_ids) if exclude_ids is not None else None
+    allow = scorer.item_indices(allow_ids) if allow_ids is not None else None
+    excluded = scorer.item_indices(exclude_ids) if exclude_ids is not None else None
     if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
         best, scores, fallback = await run_in_threadpool(recommend, scorer, user_id, k, allow, excluded)
     else:
@@ -130,6 +129,6 @@ async def recommend_items(
     if fallback:
         payload["fallback"] = "popular"
     payload["recommendations"] = [
-        {"item": vocab.external(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
+        {"item": scorer.item_id(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
     ]
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")

@@ -25,25 +25,26 @@ def artifact(tiny_artifact: Path) -> Artifact:
 def _fold(artifact: Artifact, overrides: dict[str, object]) -> tuple[FoldIn, OnnxNetwork]:
     onnx = OnnxNetwork(artifact.path)
     inference = artifact.inference.with_overrides(overrides)
-    return FoldIn(artifact, inference, onnx.embed_users), onnx
+    return FoldIn(artifact, inference, onnx.embed_users, onnx.embed_items), onnx
 
 
 EXACT = {"mode": "exact", "kernel.known": "clamped", "crf.gamma": 1.0, "kernel.same_user": 2.0}
 
 
-def _batch(artifact: Artifact) -> list[tuple[str, int, float]]:
+def _batch(artifact: Artifact) -> list[tuple[str, str, float]]:
     """A re-rating of a trained rating, a new item for a known user, and a new user's three ratings."""
     train = artifact.train
     u0, i0 = int(train.rows[0]), int(train.cols[0])
     old = train.values[0]
     rated = set(train.cols[train.by_row.of(u0)].tolist())
     fresh = next(j for j in range(train.n_items) if j not in rated)
+    item = artifact.items.external
     return [
-        (artifact.users.external(u0), i0, 1.0 if old != 1.0 else 5.0),
-        (artifact.users.external(u0), fresh, 4.0),
-        ("newcomer", 3, 5.0),
-        ("newcomer", 7, 1.0),
-        ("newcomer", 3, 2.0),  # a later rating of the same pair replaces the earlier one
+        (artifact.users.external(u0), item(i0), 1.0 if old != 1.0 else 5.0),
+        (artifact.users.external(u0), item(fresh), 4.0),
+        ("newcomer", item(3), 5.0),
+        ("newcomer", item(7), 1.0),
+        ("newcomer", item(3), 2.0),  # a later rating of the same pair replaces the earlier one
     ]
 
 
@@ -138,3 +139,26 @@ def test_the_baseline_refits_the_changed_users_biases(artifact: Artifact) -> Non
     # b_i = sum (r - mu - c_j) / (n_i + user_shrink) over the newcomer's ratings 3 -> 2.0 and 7 -> 1.0
     expected = ((2.0 - mu - c[3]) + (1.0 - mu - c[7])) / (2 + scorer.output.baseline_user_shrink)
     assert b[n] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_new_item_joins_the_field_once_a_trained_user_rates_it(artifact: Artifact) -> None:
+    fold, onnx = _fold(artifact, {**EXACT, "kernel.scaling": "normalized"})
+    m, n = artifact.config.n_items, artifact.config.n_users
+    fold.apply([("stranger", "gadget", 5.0)])  # no trained user: no embedding, not in the CRF
+    j = fold.item_index("gadget")
+    assert j == m and not fold.embedded(np.array([j]))[0]
+    assert fold.state.known.n_items == m + 1 and len(fold.state.known.by_col.of(m)) == 0
+    assert np.isfinite(fold.baseline(0, np.array([j]))[0])  # its predictions come from the baseline
+    fold.apply([(artifact.users.external(2), "gadget", 4.0), (artifact.users.external(9), "gadget", 2.0)])
+    assert fold.embedded(np.array([j]))[0]
+    column = np.zeros((1, n), dtype=np.float32)
+    column[0, 2], column[0, 9] = 4.0, 2.0  # the stranger is not a trained user: not in the branch's input
+    np.testing.assert_array_equal(
+        fold.state.network.item_emb[j], onnx.embed_items(column)[0].astype(np.float64)
+    )
+    assert sorted(fold.state.known.rows[fold.state.known.by_col.of(j)].tolist()) == [2, 9, n]
+    state = fold.state
+    fresh = build_scorer(state.network, state.known, fold_inference(fold))
+    assert isinstance(fresh, ExactScorer) and isinstance(state.scorer, ExactScorer)
+    np.testing.assert_allclose(state.scorer.field.g, fresh.field.g, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(state.scorer.field.h, fresh.field.h, rtol=1e-10, atol=1e-10)

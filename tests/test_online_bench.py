@@ -1,0 +1,121 @@
+"""benchmarks/online.py: the pure helpers of the online-ratings benchmark (no service, no training)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training.config import TrainConfig, preset
+from training.data import Entries, RatingSplit, load_dataset
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "online.py"
+_spec = importlib.util.spec_from_file_location("online_bench", SCRIPT)
+online = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(online)
+
+
+def test_held_out_users_are_a_seeded_tenth_of_the_users_with_training_ratings() -> None:
+    rows = np.repeat(np.arange(0, 300, 3), 4)  # 100 distinct users, 4 ratings each
+    held = online.select_users(rows, 0.1, 0)
+    assert len(held) == 10 and len(np.unique(held)) == 10
+    assert np.array_equal(held, np.sort(held)) and np.isin(held, rows).all()
+    assert np.array_equal(held, online.select_users(rows[::-1], 0.1, 0))  # the set, not the order, counts
+    assert not np.array_equal(held, online.select_users(rows, 0.1, 1))
+    assert len(online.select_users(np.arange(943), 0.1, 0)) == 94
+
+
+def _split() -> RatingSplit:
+    train = Entries(np.array([0, 0, 1, 2, 2, 3]), np.array([0, 1, 1, 0, 2, 2]), np.array([5, 4, 3, 2, 1, 4]))
+    test = Entries(np.array([0, 1, 3]), np.array([2, 0, 1]), np.array([3.0, 2.0, 5.0]))
+    return RatingSplit("t", ["10", "11", "12", "13"], ["7", "8", "9"], np.arange(1.0, 6.0), train, None, test)
+
+
+def test_the_dataset_writer_drops_exactly_the_held_out_users_training_ratings(tmp_path: Path) -> None:
+    split = _split()
+    keep = online.write_dataset(tmp_path, split, np.array([0, 2]))
+    assert keep.tolist() == [False, False, True, False, False, True]
+    train = (tmp_path / "train.csv").read_text().splitlines()
+    test = (tmp_path / "test.csv").read_text().splitlines()
+    assert train == ["user,item,rating", "11,8,3", "13,9,4"]
+    assert test == ["user,item,rating", "10,9,3", "11,7,2", "13,8,5"]
+    back = load_dataset("csv", tmp_path, split="u1")  # the trainer reads it as written
+    assert len(back.train) == 2 and len(back.test) == 3
+    assert back.user_ids == ["10", "11", "13"]  # a held-out user with test ratings keeps its id
+
+
+def test_bias_only_fold_in_is_the_ridge_rule_on_the_posted_ratings() -> None:
+    mu, c = 3.0, np.array([0.5, -0.5, 0.0])
+    # ((5 - 3 - 0.5) + (2 - 3 + 0.5)) / (2 + 2) = 0.25
+    assert online.bias_user(mu, c, np.array([0, 1]), np.array([5.0, 2.0])) == pytest.approx(0.25)
+    assert online.bias_user(mu, c, np.array([], dtype=np.int64), np.array([])) == 0.0
+    pred = online.bias_predict(mu, 0.25, c, np.array([0, 1, 2]), 1.0, 5.0)
+    assert pred.tolist() == pytest.approx([3.75, 2.75, 3.25])
+    assert online.bias_predict(4.5, 1.0, c, np.array([0]), 1.0, 5.0).tolist() == [5.0]  # clipped
+
+
+def test_summaries_and_rmse() -> None:
+    s = online.summarize(range(1, 101))
+    assert s["n"] == 100 and s["p50_ms"] == pytest.approx(50.5) and s["p99_ms"] == pytest.approx(99.01)
+    assert s["max_ms"] == 100 and s["mean_ms"] == pytest.approx(50.5)
+    assert online.summarize([]) == {"n": 0}
+    assert online.rmse(np.array([1.0, 3.0]), np.array([2.0, 2.0])) == pytest.approx(1.0)
+
+
+def test_the_cold_start_plan_posts_each_users_first_n_then_the_rest() -> None:
+    plan = online.steps((0, 1, 2), {7: 3, 8: 1})
+    assert plan == [(0, {}), (1, {7: (0, 1), 8: (0, 1)}), (2, {7: (1, 2)}), (-1, {7: (2, 3)})]
+    assert [list(c) for c in online.chunks(list(range(5)), 2)] == [[0, 1], [2, 3], [4]]
+
+
+def test_time_order_sorts_each_users_ratings_by_timestamp_then_position() -> None:
+    order = online.time_order(np.array([1, 0, 1, 0, 1]), np.array([5, 3, 2, 3, 2]))
+    assert order[0].tolist() == [1, 3] and order[1].tolist() == [2, 4, 0]
+
+
+def test_the_overrides_turn_the_csv_preset_into_the_ml100k_default() -> None:
+    pairs = dict(
+        p.split("=", 1) for p in online.preset_overrides(preset("ml-100k"), preset("csv"), TrainConfig)
+    )
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    train = {k: {"int": int, "float": float}[types[k]](v) for k, v in pairs.items() if k in types}
+    inference = {k.removeprefix("inference."): v for k, v in pairs.items() if k.startswith("inference.")}
+    assert set(pairs) == set(train) | {f"inference.{k}" for k in inference}  # no model fields differ
+    assert dataclasses.replace(preset("csv").train, **train) == preset("ml-100k").train
+    assert preset("csv").inference.with_overrides(inference) == preset("ml-100k").inference
+
+
+def test_paired_bootstrap_of_the_gap() -> None:
+    rng = np.random.default_rng(1)
+    groups = np.repeat(np.arange(20), 5)
+    truth = rng.integers(1, 6, 100).astype(float)
+    good = truth + rng.normal(0, 0.5, 100)
+    assert online.bootstrap_gap(groups, good, good, truth, n=200) == (0.0, 0.0)
+    lo, hi = online.bootstrap_gap(groups, good, good + 1.0, truth, n=200)
+    assert lo < hi < 0
+
+
+def test_wrk_output_is_parsed() -> None:
+    out = """Running 10s test @ http://127.0.0.1:1/ratings
+  Latency Distribution
+     50%    1.50ms
+     75%    2.00ms
+     90%    3.00ms
+     99%   12.00ms
+  5000 requests in 10.00s, 1.00MB read
+  Non-2xx or 3xx responses: 3
+Requests/sec:    500.00
+"""
+    r = online.parse_wrk(out)
+    assert r == {
+        "rps": 500.0,
+        "p50_ms": 1.5,
+        "p99_ms": 12.0,
+        "requests": 5000,
+        "non_2xx": 3,
+        "socket_errors": "",
+    }
+    assert online.parse_wrk(out.replace("1.50ms", "900.00us"))["p50_ms"] == pytest.approx(0.9)
