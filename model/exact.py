@@ -54,6 +54,7 @@ G_u = sum_l (sum_v Q_l[v] C[u, v]) a b^T is a quadratic polynomial in L_u: three
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -224,6 +225,32 @@ def co_rating_affinity(
     del rated
     rho = (centred.T @ centred) / np.maximum(np.outer(norms, norms), 1e-12)
     del centred
+    rho *= co / (co + shrink)
+    out: FloatArray = np.maximum(rho, 0.0, out=rho) ** power
+    return out
+
+
+def co_rating_rows(
+    rows: IntArray,
+    cols: IntArray,
+    values: FloatArray,
+    n: int,
+    m: int,
+    targets: IntArray,
+    power: float,
+    shrink: float = 10.0,
+) -> FloatArray:
+    """The rows `targets` of `co_rating_affinity(rows, cols, values, n, m, power, shrink)`, without the
+    rest of the table: (len(targets), m), in O(N + n m len(targets))."""
+    counts = np.bincount(rows, minlength=n)
+    mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
+    rated = np.zeros((n, m))
+    rated[rows, cols] = 1.0
+    centred = np.zeros((n, m))
+    centred[rows, cols] = values - mean[rows]
+    norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
+    co = rated[:, targets].T @ rated  # (targets, m)
+    rho = (centred[:, targets].T @ centred) / np.maximum(np.outer(norms[targets], norms), 1e-12)
     rho *= co / (co + shrink)
     out: FloatArray = np.maximum(rho, 0.0, out=rho) ** power
     return out
@@ -676,6 +703,17 @@ class ExactScorer:
             else (self.item_lifted)
         )
         new.lines = new._lines(self.lines)
+        if new.lines is not None and new.lines.user_affinity is not None and len(users):
+            # The changed users' rows of the user table follow their new ratings (the rest stays as is).
+            table = new.lines.user_affinity.copy()
+            k = self.kernel
+            fresh = co_rating_rows(
+                known.cols, known.rows, known.values, network.n_items, network.n_users, users,
+                k.co_rating_power, k.co_rating_shrink,
+            )  # fmt: skip
+            table[users, :] = fresh
+            table[:, users] = fresh.T
+            new.lines = dataclasses.replace(new.lines, user_affinity=table)
         scale = (
             self.field.scale
             * self.network.n_users

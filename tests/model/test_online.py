@@ -162,3 +162,22 @@ def test_a_new_item_joins_the_field_once_a_trained_user_rates_it(artifact: Artif
     assert isinstance(fresh, ExactScorer) and isinstance(state.scorer, ExactScorer)
     np.testing.assert_allclose(state.scorer.field.g, fresh.field.g, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(state.scorer.field.h, fresh.field.h, rtol=1e-10, atol=1e-10)
+
+
+def test_the_changed_users_rows_of_the_user_table_follow_their_ratings(artifact: Artifact) -> None:
+    from model.exact import co_rating_affinity
+
+    fold, _ = _fold(artifact, {**EXACT, "kernel.co_rating_user": 5.0, "kernel.co_rating_power": 2.0})
+    fold.apply(_batch(artifact))
+    scorer = fold.state.scorer
+    assert isinstance(scorer, ExactScorer) and scorer.lines is not None
+    table = scorer.lines.user_affinity
+    assert table is not None
+    known, k = fold.state.known, scorer.kernel
+    full = co_rating_affinity(
+        known.cols, known.rows, known.values, known.n_items, known.n_users, k.co_rating_power,
+        k.co_rating_shrink, what="users",
+    )  # fmt: skip
+    changed = [int(artifact.train.rows[0]), fold.user_index("newcomer")]
+    np.testing.assert_allclose(table[changed], full[changed], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(table[:, changed], full[:, changed], rtol=1e-12, atol=1e-15)
