@@ -8,7 +8,10 @@ applied on top of it by `FoldIn.apply`:
 - the user's embedding is recomputed by the row branch (the exported ONNX graph) from the updated rating
   row, i.e. the network's input: the user's training ratings with the online ones added or replacing
   them. The row branch embeds any rating row, so a user id the artifact never saw gets the next index and
-  an embedding from its first rating on;
+  an embedding from its first rating on. That embedding is then refined by the decoder's likelihood of
+  the user's known ratings (`refine_embedding`): the row branch maps rows it was not trained on less well
+  than those it was, and the refinement, which keeps it as a prior, recovers most of the difference
+  (benchmarks/results/online.md);
 - an item id the artifact never saw becomes a new item. The column branch embeds it from its ratings by
   users the model was trained on (the branch's input is a column over those users) as soon as it has one;
   until then it is not part of the CRF, and its predictions come from the bias baseline (`baseline`,
@@ -30,7 +33,7 @@ import numpy as np
 
 from model.artifact import Artifact
 from model.config import InferenceConfig
-from model.engine import Network
+from model.engine import Network, nearest_level, softmax
 from model.exact import bias_baseline
 from model.ratings import Ratings
 from model.scorers import Scorer, artifact_scorer
@@ -39,6 +42,14 @@ from model.types import Array, IntArray
 Embed = Callable[[Array], Array]
 """A branch of the network: dense rating rows (b, m) -> user embeddings (b, d), or dense rating columns
 (b, n) -> item embeddings (b, d), float32 (the artifact's n x m matrix)."""
+
+FOLD_IN_PRIOR = 3.0
+"""Weight lambda of the prior ||u - u_row||^2 that keeps a refined embedding near the row branch's.
+Chosen on validation entries (held-out users' own training ratings, not the test split) among 0.1, 0.3,
+1, 3, 10 and 100: benchmarks/fold_in_prior.py, benchmarks/results/online.md."""
+
+FOLD_IN_STEPS = 8
+"""Newton steps of the refinement (the objective is smooth and strongly convex: they converge)."""
 
 USER_SHRINK, ITEM_SHRINK = 2.0, 5.0
 """Ridge penalties of the bias baseline that predicts a new item until it has an embedding."""
@@ -143,7 +154,7 @@ class FoldIn:
                 users.add(i)
             touched_users = np.array(sorted(users), dtype=np.int64)
             touched_items = np.array(sorted(items), dtype=np.int64)
-            network, embedded_items = self._network(touched_users, touched_items)
+            network, embedded_items, touched_users = self._network(touched_users, touched_items)
             known = self._known(touched_users)
             self._refit_biases(touched_users, touched_items)
             old = self.state
@@ -175,23 +186,15 @@ class FoldIn:
             len(self._items),
         )
 
-    def _network(self, users: IntArray, items: IntArray) -> tuple[Network, IntArray]:
-        """The network with the changed users' embeddings recomputed by the row branch and the changed new
-        items' by the column branch (rows grown for new users and items); also the items it embedded."""
+    def _network(self, users: IntArray, items: IntArray) -> tuple[Network, IntArray, IntArray]:
+        """The network with the changed new items' embeddings recomputed by the column branch, then the
+        changed users' by the row branch (rows grown for new users and items). A user who rated an item
+        whose embedding changed is changed too (its refinement reads that embedding), so the state depends
+        on the ratings alone, not on how they were batched. Returns (network, the items embedded, every
+        user changed)."""
         old = self.state.network
         train = self.artifact.train
         n, m = train.n_users, train.n_items  # the branches' input widths
-        rows = np.zeros((len(users), m), dtype=np.float32)
-        existing = users < n
-        if existing.any():
-            rows[existing] = train.dense_rows(users[existing])
-        for k, user in enumerate(users):
-            ratings = self._online[int(user)]
-            cols = np.fromiter(ratings.keys(), dtype=np.int64)
-            mine = cols < m
-            rows[k, cols[mine]] = np.fromiter(ratings.values(), dtype=np.float32)[mine]
-        user_emb = _grown(old.user_emb, len(self._users))
-        user_emb[users] = np.asarray(self._embed_rows(rows), dtype=np.float32).astype(np.float64)
         self._embedded = np.concatenate(
             [self._embedded, np.zeros(len(self._items) - len(self._embedded), bool)]
         )
@@ -208,11 +211,43 @@ class FoldIn:
                 embeddable.append(int(item))
         embedded = np.array(embeddable, dtype=np.int64)
         if len(embedded):
-            item_emb[embedded] = np.asarray(self._embed_cols(np.stack(columns)), np.float32).astype(
-                np.float64
-            )
+            vectors = np.asarray(self._embed_cols(np.stack(columns)), np.float32)
+            item_emb[embedded] = vectors.astype(np.float64)
             self._embedded[embedded] = True
-        return Network(old.config, user_emb, item_emb, old.bilinear), embedded
+            by_item = [np.fromiter(self._new_items[int(j)], dtype=np.int64) for j in embedded]
+            users = np.union1d(users, np.concatenate(by_item))
+        rows = np.zeros((len(users), m), dtype=np.float32)
+        existing = users < n
+        if existing.any():
+            rows[existing] = train.dense_rows(users[existing])
+        for k, user in enumerate(users):
+            ratings = self._online[int(user)]
+            cols = np.fromiter(ratings.keys(), dtype=np.int64)
+            mine = cols < m
+            rows[k, cols[mine]] = np.fromiter(ratings.values(), dtype=np.float32)[mine]
+        user_emb = _grown(old.user_emb, len(self._users))
+        user_emb[users] = np.asarray(self._embed_rows(rows), dtype=np.float32).astype(np.float64)
+        for user in users:  # the row branch's embedding, refined by the decoder's likelihood of the ratings
+            items, values = self._ratings_of(int(user))
+            if len(items):
+                labels = nearest_level(values, old.levels)
+                user_emb[user] = refine_embedding(user_emb[user], item_emb[items], old.bilinear, labels)
+        return Network(old.config, user_emb, item_emb, old.bilinear), embedded, users
+
+    def _ratings_of(self, user: int) -> tuple[IntArray, np.ndarray]:
+        """The user's known ratings of items with an embedding: the artifact's (less those re-rated), then
+        the online ones."""
+        ratings: dict[int, float] = {}
+        base = self._base
+        if user < base.n_users:
+            pos = base.by_row.of(user)
+            pos = pos[self._keep[pos]]
+            ratings = dict(zip(base.cols[pos].tolist(), base.values[pos].tolist(), strict=True))
+        ratings.update(self._online.get(user, {}))
+        items = np.fromiter(ratings.keys(), dtype=np.int64, count=len(ratings))
+        values = np.fromiter(ratings.values(), dtype=np.float64, count=len(ratings))
+        keep = self._embedded[items]
+        return items[keep], values[keep]
 
     def _refit_biases(self, users: IntArray, items: IntArray) -> None:
         """The baseline's biases of the changed users (given the item biases), then of the changed new
@@ -237,6 +272,52 @@ class FoldIn:
             by = np.fromiter(raters.keys(), dtype=np.int64)
             values = np.fromiter(raters.values(), dtype=np.float64)
             self._c[item] = (values - mu - self._b[by]).sum() / (len(values) + ITEM_SHRINK)
+
+
+def refine_embedding(
+    u0: np.ndarray,
+    item_emb: np.ndarray,
+    bilinear: np.ndarray,
+    labels: np.ndarray,
+    prior: float = FOLD_IN_PRIOR,
+    steps: int = FOLD_IN_STEPS,
+) -> np.ndarray:
+    """argmin_u -sum_k log softmax_l(u^T B_l v_k)[y_k] + prior ||u - u0||^2 by Newton's method with a
+    backtracking line search: the user embedding that the bilinear decoder finds most likely for the user's
+    ratings (levels `labels` of the items with embeddings `item_emb` (K, d)), kept near the row branch's
+    `u0`: (d,)."""
+    w = np.einsum("lde,ke->kld", bilinear, item_emb)  # (K, p, d): the logits are w @ u
+    rows = np.arange(len(labels))
+    target = np.zeros(w.shape[:2])
+    target[rows, labels] = 1.0
+
+    def objective(u: np.ndarray) -> float:
+        z = w @ u
+        zmax = z.max(axis=1)
+        log_norm = zmax + np.log(np.exp(z - zmax[:, None]).sum(axis=1))
+        return float((log_norm - z[rows, labels]).sum() + prior * ((u - u0) ** 2).sum())
+
+    u = u0.astype(np.float64).copy()
+    eye = np.eye(len(u))
+    value = objective(u)
+    for _ in range(steps):
+        s = softmax(w @ u)  # (K, p)
+        grad = np.einsum("kl,kld->d", s - target, w) + 2.0 * prior * (u - u0)
+        ws = np.einsum("kl,kld->kd", s, w)
+        hess = np.einsum("kl,kld,kle->de", s, w, w) - ws.T @ ws + 2.0 * prior * eye
+        step = np.linalg.solve(hess, grad)
+        t = 1.0
+        while t > 1e-6:  # halve the step until it decreases the objective enough (Armijo)
+            candidate = u - t * step
+            new_value = objective(candidate)
+            if new_value <= value - 1e-4 * t * float(grad @ step):
+                break
+            t /= 2.0
+        else:
+            break  # no decrease left: at the minimum to rounding
+        u, value = candidate, new_value
+    out: np.ndarray = u
+    return out
 
 
 def _grown(table: np.ndarray, rows: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from model.artifact import Artifact, load_artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork
 from model.exact import ExactScorer
-from model.online import FoldIn
+from model.online import FoldIn, refine_embedding
 from model.paper import PaperScorer
 from model.scorers import build_scorer
 
@@ -99,10 +99,14 @@ def test_new_users_rerating_and_the_row_branch(artifact: Artifact) -> None:
     n = artifact.config.n_users
     assert fold.user_index("newcomer") == n and fold.user_id(n) == "newcomer" and fold.n_users == n + 1
     assert state.network.n_users == n + 1 and state.known.n_users == n + 1 and state.applied == len(batch)
-    # The newcomer's embedding is the row branch's on its rating row (the later 3 -> 2.0 replaced 5.0).
+    # The newcomer's embedding is the row branch's on its rating row (the later 3 -> 2.0 replaced 5.0),
+    # refined by the decoder's likelihood of those ratings.
     row = np.zeros((1, artifact.config.n_items), dtype=np.float32)
     row[0, 3], row[0, 7] = 2.0, 1.0
-    np.testing.assert_array_equal(state.network.user_emb[n], onnx.embed_users(row)[0].astype(np.float64))
+    u0 = onnx.embed_users(row)[0].astype(np.float32).astype(np.float64)
+    net = state.network
+    expected = refine_embedding(u0, net.item_emb[[3, 7]], net.bilinear, np.array([1, 0]))
+    np.testing.assert_allclose(net.user_emb[n], expected, rtol=1e-12, atol=1e-12)
     mine = state.known.by_row.of(n)
     pairs = zip(state.known.cols[mine].tolist(), state.known.values[mine].tolist(), strict=True)
     assert sorted(pairs) == [(3, 2.0), (7, 1.0)]
@@ -181,3 +185,25 @@ def test_the_changed_users_rows_of_the_user_table_follow_their_ratings(artifact:
     changed = [int(artifact.train.rows[0]), fold.user_index("newcomer")]
     np.testing.assert_allclose(table[changed], full[changed], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(table[:, changed], full[:, changed], rtol=1e-12, atol=1e-15)
+
+
+def test_the_refined_embedding_is_the_penalised_likelihoods_minimiser() -> None:
+    from model.engine import softmax
+
+    rng = np.random.default_rng(4)
+    d, p, k = 6, 5, 12
+    items, bilinear = rng.normal(size=(k, d)), rng.normal(size=(p, d, d)) / 3
+    labels, u0 = rng.integers(0, p, size=k), rng.normal(size=d)
+
+    def objective(u: np.ndarray, prior: float) -> float:
+        logits = np.einsum("d,lde,ke->kl", u, bilinear, items)
+        return float(-np.log(softmax(logits)[np.arange(k), labels]).sum() + prior * ((u - u0) ** 2).sum())
+
+    for prior in (0.3, 3.0):
+        u = refine_embedding(u0, items, bilinear, labels, prior=prior, steps=20)
+        assert objective(u, prior) < objective(u0, prior)
+        for _ in range(20):  # no small step improves on it
+            step = rng.normal(size=d) * 1e-3
+            assert objective(u + step, prior) >= objective(u, prior) - 1e-12
+    # A prior far stronger than the ratings keeps the row branch's embedding.
+    np.testing.assert_allclose(refine_embedding(u0, items, bilinear, labels, prior=1e9), u0, atol=1e-6)
