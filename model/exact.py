@@ -239,11 +239,14 @@ def co_rating_rows(
     targets: IntArray,
     power: float,
     shrink: float = 10.0,
+    mean: FloatArray | None = None,
 ) -> FloatArray:
     """The rows `targets` of `co_rating_affinity(rows, cols, values, n, m, power, shrink)`, without the
-    rest of the table: (len(targets), m), in O(N + n m len(targets))."""
-    counts = np.bincount(rows, minlength=n)
-    mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
+    rest of the table: (len(targets), m), in O(N + n m len(targets)). `mean` (n,) replaces the means that
+    centre the ratings (the table's own, for rows that must not depend on other ratings)."""
+    if mean is None:
+        counts = np.bincount(rows, minlength=n)
+        mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
     rated = np.zeros((n, m))
     rated[rows, cols] = 1.0
     centred = np.zeros((n, m))
@@ -650,6 +653,9 @@ class ExactScorer:
         self.user_lifted = lift(network.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
         self.item_lifted = lift(network.item_unit)
         self.compat = compatibility_matrix(network.levels, crf.tau)
+        counts = np.bincount(known.cols, minlength=network.n_items)
+        sums = np.bincount(known.cols, weights=known.values, minlength=network.n_items)
+        self._item_means = sums / np.maximum(counts, 1)  # what centres the user table's ratings
         self.lines = self._lines()
         self.key = FieldKey.of(crf, kernel, scale, len(known))
         stored_key = FieldKey.from_json(stored.key) if stored is not None else None
@@ -704,12 +710,16 @@ class ExactScorer:
         )
         new.lines = new._lines(self.lines)
         if new.lines is not None and new.lines.user_affinity is not None and len(users):
-            # The changed users' rows of the user table follow their new ratings (the rest stays as is).
+            # The changed users' rows of the user table follow their new ratings. The ratings are centred
+            # by the item means the table was built with, so an entry depends on its two users' ratings
+            # alone, and the table on the ratings, not on how they arrived.
             table = new.lines.user_affinity.copy()
             k = self.kernel
+            means = np.full(network.n_items, self._item_means.mean() if len(self._item_means) else 0.0)
+            means[: len(self._item_means)] = self._item_means
             fresh = co_rating_rows(
                 known.cols, known.rows, known.values, network.n_items, network.n_users, users,
-                k.co_rating_power, k.co_rating_shrink,
+                k.co_rating_power, k.co_rating_shrink, mean=means,
             )  # fmt: skip
             table[users, :] = fresh
             table[:, users] = fresh.T

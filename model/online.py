@@ -286,7 +286,7 @@ def refine_embedding(
     backtracking line search: the user embedding that the bilinear decoder finds most likely for the user's
     ratings (levels `labels` of the items with embeddings `item_emb` (K, d)), kept near the row branch's
     `u0`: (d,)."""
-    w = np.einsum("lde,ke->kld", bilinear, item_emb)  # (K, p, d): the logits are w @ u
+    w = np.ascontiguousarray(np.einsum("lde,ke->kld", bilinear, item_emb, optimize=True))  # (K, p, d)
     rows = np.arange(len(labels))
     target = np.zeros(w.shape[:2])
     target[rows, labels] = 1.0
@@ -299,12 +299,13 @@ def refine_embedding(
 
     u = u0.astype(np.float64).copy()
     eye = np.eye(len(u))
+    flat = w.reshape(-1, w.shape[2])  # (K p, d): matrix products run on BLAS
     value = objective(u)
     for _ in range(steps):
         s = softmax(w @ u)  # (K, p)
-        grad = np.einsum("kl,kld->d", s - target, w) + 2.0 * prior * (u - u0)
-        ws = np.einsum("kl,kld->kd", s, w)
-        hess = np.einsum("kl,kld,kle->de", s, w, w) - ws.T @ ws + 2.0 * prior * eye
+        grad = flat.T @ (s - target).ravel() + 2.0 * prior * (u - u0)
+        ws = (s[:, :, None] * w).sum(axis=1)  # (K, d)
+        hess = (flat * s.reshape(-1, 1)).T @ flat - ws.T @ ws + 2.0 * prior * eye
         step = np.linalg.solve(hess, grad)
         t = 1.0
         while t > 1e-6:  # halve the step until it decreases the objective enough (Armijo)

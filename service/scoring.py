@@ -135,8 +135,8 @@ class Scorer:
 
     def _apply(self, entries: list[Entry]) -> None:
         """Fold stream entries into the model (the follower calls it, in stream order)."""
-        with self._engine_lock:
-            self.fold.apply([(e.user, e.item, e.rating) for e in entries])
+        # No engine lock: requests go on with the state they took while the next one is built.
+        self.fold.apply([(e.user, e.item, e.rating) for e in entries])
         if not self.replayed and self.follower is not None and self.follower.healthy:
             self.replayed = True
 

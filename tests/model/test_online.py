@@ -169,7 +169,7 @@ def test_a_new_item_joins_the_field_once_a_trained_user_rates_it(artifact: Artif
 
 
 def test_the_changed_users_rows_of_the_user_table_follow_their_ratings(artifact: Artifact) -> None:
-    from model.exact import co_rating_affinity
+    from model.exact import co_rating_rows
 
     fold, _ = _fold(artifact, {**EXACT, "kernel.co_rating_user": 5.0, "kernel.co_rating_power": 2.0})
     fold.apply(_batch(artifact))
@@ -178,13 +178,33 @@ def test_the_changed_users_rows_of_the_user_table_follow_their_ratings(artifact:
     table = scorer.lines.user_affinity
     assert table is not None
     known, k = fold.state.known, scorer.kernel
-    full = co_rating_affinity(
-        known.cols, known.rows, known.values, known.n_items, known.n_users, k.co_rating_power,
-        k.co_rating_shrink, what="users",
+    base = artifact.known()
+    means = np.bincount(base.cols, base.values, base.n_items) / np.maximum(np.bincount(base.cols), 1)
+    changed = np.array([int(artifact.train.rows[0]), fold.user_index("newcomer")])
+    # The rows over the current ratings, centred by the item means the table was built with.
+    expected = co_rating_rows(
+        known.cols, known.rows, known.values, known.n_items, known.n_users, changed, k.co_rating_power,
+        k.co_rating_shrink, mean=means,
     )  # fmt: skip
-    changed = [int(artifact.train.rows[0]), fold.user_index("newcomer")]
-    np.testing.assert_allclose(table[changed], full[changed], rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(table[:, changed], full[:, changed], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(table[changed], expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(table[:, changed], expected.T, rtol=1e-12, atol=1e-15)
+
+
+def test_the_state_depends_on_the_ratings_not_on_their_batches(artifact: Artifact) -> None:
+    overrides = {**EXACT, "kernel.co_rating_user": 5.0, "kernel.co_rating": 3.0, "output.baseline": 0.3}
+    whole, _ = _fold(artifact, overrides)
+    one_by_one, _ = _fold(artifact, overrides)
+    batch = [*_batch(artifact), ("stranger", "gadget", 5.0), (artifact.users.external(4), "gadget", 2.0)]
+    whole.apply(batch)
+    for rating in batch:
+        one_by_one.apply([rating])
+    a, b = whole.state, one_by_one.state
+    np.testing.assert_allclose(a.network.user_emb, b.network.user_emb, rtol=0, atol=1e-10)
+    rows = np.repeat(np.arange(a.network.n_users), 4)
+    cols = np.tile(np.arange(4), a.network.n_users)
+    pa = a.scorer.predict(rows, cols, a.network.probabilities(rows, cols))
+    pb = b.scorer.predict(rows, cols, b.network.probabilities(rows, cols))
+    np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-10)
 
 
 def test_the_refined_embedding_is_the_penalised_likelihoods_minimiser() -> None:
