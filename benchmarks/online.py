@@ -258,7 +258,8 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    # `nproc --all`: plain nproc follows OMP_NUM_THREADS, which the benchmark's commands often set to 1
+    nproc = subprocess.run(["nproc", "--all"], capture_output=True, text=True).stdout.strip()
     return {"nproc": int(nproc) if nproc.isdigit() else os.cpu_count(), "cpu": cpu}
 
 
