@@ -197,6 +197,22 @@ def check_co_rating_size(count: int, what: str = "items") -> None:
         )
 
 
+def _centred(
+    rows: IntArray, cols: IntArray, values: FloatArray, n: int, m: int, mean: FloatArray | None = None
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The dense (n, m) indicator of the ratings, the ratings less their row's mean (`mean`, or each
+    row's own), and the columns' norms of the latter: what the co-rating similarities are made of."""
+    if mean is None:
+        counts = np.bincount(rows, minlength=n)
+        mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
+    rated = np.zeros((n, m))
+    rated[rows, cols] = 1.0
+    centred = np.zeros((n, m))
+    centred[rows, cols] = values - mean[rows]
+    norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
+    return rated, centred, norms
+
+
 def co_rating_affinity(
     rows: np.ndarray,
     cols: np.ndarray,
@@ -214,13 +230,7 @@ def co_rating_affinity(
     With rows and columns swapped (cols, rows, values, m, n) the same gives the user table of the
     user-based term: users' rating rows with each item's mean removed."""
     check_co_rating_size(m, what)
-    rated = np.zeros((n, m))
-    rated[rows, cols] = 1.0
-    counts = np.bincount(rows, minlength=n)
-    mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
-    centred = np.zeros((n, m))
-    centred[rows, cols] = values - mean[rows]
-    norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
+    rated, centred, norms = _centred(rows, cols, values, n, m)
     co = rated.T @ rated  # (m, m) users who rated both
     del rated
     rho = (centred.T @ centred) / np.maximum(np.outer(norms, norms), 1e-12)
@@ -244,14 +254,7 @@ def co_rating_rows(
     """The rows `targets` of `co_rating_affinity(rows, cols, values, n, m, power, shrink)`, without the
     rest of the table: (len(targets), m), in O(N + n m len(targets)). `mean` (n,) replaces the means that
     centre the ratings (the table's own, for rows that must not depend on other ratings)."""
-    if mean is None:
-        counts = np.bincount(rows, minlength=n)
-        mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
-    rated = np.zeros((n, m))
-    rated[rows, cols] = 1.0
-    centred = np.zeros((n, m))
-    centred[rows, cols] = values - mean[rows]
-    norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
+    rated, centred, norms = _centred(rows, cols, values, n, m, mean)
     co = rated[:, targets].T @ rated  # (targets, m)
     rho = (centred[:, targets].T @ centred) / np.maximum(np.outer(norms[targets], norms), 1e-12)
     rho *= co / (co + shrink)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query
 
 from model.ids import UnknownIdError
 from service.deps import ScorerDep, SettingsDep
-from service.routes.users import check_k
+from service.errors import check_k
 from service.schemas import MAX_ID_LENGTH, SimilarItem, SimilarItemsResponse
 
 router = APIRouter(tags=["items"])

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
 from service.deps import ScorerDep, SettingsDep
+from service.errors import too_long
 from service.schemas import PredictRequest, PredictResponse
 
 router = APIRouter(tags=["predictions"])
@@ -31,17 +32,7 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
     rating is not echoed back).
     """
     if len(body.items) > settings.max_items:
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["body", "items"],
-                    "type": "too_long",
-                    "msg": f"items has {len(body.items)} ids; at most {settings.max_items} are allowed "
-                    "(setting DCMC_MAX_ITEMS)",
-                }
-            ],
-        )
+        raise too_long("items", len(body.items), settings.max_items, "DCMC_MAX_ITEMS", "ids")
     unknown: dict[str, list[str]] = {}
     user_idx = items_idx = None
     try:

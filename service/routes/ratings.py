@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.deps import ScorerDep, SettingsDep
+from service.errors import too_long
 from service.schemas import ExternalId
 
 log = logging.getLogger(__name__)
@@ -89,17 +90,7 @@ async def post_ratings(
     _authorize(token, authorization)
     ratings = body.ratings
     if len(ratings) > settings.max_ratings:
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["body", "ratings"],
-                    "type": "too_long",
-                    "msg": f"ratings has {len(ratings)} entries; at most {settings.max_ratings} are allowed "
-                    "(setting DCMC_MAX_RATINGS)",
-                }
-            ],
-        )
+        raise too_long("ratings", len(ratings), settings.max_ratings, "DCMC_MAX_RATINGS", "entries")
     levels = scorer.levels
     off = [
         {

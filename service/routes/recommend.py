@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
 from service.deps import ScorerDep, SettingsDep
+from service.errors import check_k, invalid
 from service.recommend import POPULAR_SHRINKAGE, recommend, split_ids
 
 router = APIRouter(tags=["recommendations"])
@@ -92,23 +93,10 @@ async def recommend_items(
     A user the service does not know, or one with no ratings, gets the items with the best shrunk mean
     rating instead (same exclusions), marked `"fallback": "popular"`.
     """
-    if not 1 <= k <= settings.max_k:
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["query", "k"],
-                    "type": "out_of_range",
-                    "msg": f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {k}",
-                }
-            ],
-        )
+    check_k(k, settings)
     allow_ids, exclude_ids = _ids(request, "items"), _ids(request, "exclude")
     if allow_ids is not None and not allow_ids:
-        raise HTTPException(
-            status_code=422,
-            detail=[{"loc": ["query", "items"], "type": "too_short", "msg": "items lists no item ids"}],
-        )
+        raise invalid(["query", "items"], "too_short", "items lists no item ids")
     try:
         scorer.item_indices((allow_ids or []) + (exclude_ids or []))  # one 404 listing every unknown id
     except UnknownIdError as exc:

@@ -8,25 +8,10 @@ from fastapi import APIRouter, HTTPException, Path, Query
 
 from model.ids import UnknownIdError
 from service.deps import ScorerDep, SettingsDep
+from service.errors import check_k
 from service.schemas import MAX_ID_LENGTH, SimilarUser, SimilarUsersResponse
-from service.settings import Settings
 
 router = APIRouter(tags=["users"])
-
-
-def check_k(k: int, settings: Settings) -> None:
-    """422 unless 1 <= k <= settings.max_k (the similar-users and similar-items `k`)."""
-    if not 1 <= k <= settings.max_k:
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["query", "k"],
-                    "type": "out_of_range",
-                    "msg": f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {k}",
-                }
-            ],
-        )
 
 
 @router.get(
