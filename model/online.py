@@ -64,6 +64,17 @@ class OnlineState:
     scorer: Scorer
     applied: int
     """How many online ratings this state includes."""
+    embedded: np.ndarray
+    """(items,) bool: which items have an embedding (every item of the artifact; a new one once the column
+    branch could embed it); the others are predicted by `baseline`."""
+    biases: tuple[float, np.ndarray, np.ndarray]
+    """The bias baseline's (mu, user biases, item biases) that predicts items without an embedding."""
+
+    def baseline(self, user: int, items: IntArray) -> np.ndarray:
+        """The bias baseline's ratings mu + b_user + c_j: (K,)."""
+        mu, b, c = self.biases
+        out: np.ndarray = mu + b[user] + c[items]
+        return out
 
 
 class FoldIn:
@@ -89,7 +100,9 @@ class FoldIn:
             base.rows, base.cols, base.values, base.n_users, base.n_items, USER_SHRINK, ITEM_SHRINK
         )
         self._lock = threading.Lock()
-        self.state = OnlineState(network, self._base, scorer, 0)
+        self.state = OnlineState(
+            network, self._base, scorer, 0, self._embedded.copy(), (self._mu, self._b, self._c)
+        )
 
     @property
     def n_users(self) -> int:
@@ -97,30 +110,24 @@ class FoldIn:
         return len(self._users)
 
     def user_index(self, user: str) -> int | None:
-        """The index of an external user id, or None when no rating of it is known."""
-        return self._user_index.get(user)
+        """The index of an external user id in the published state, or None when no rating of it is known
+        (a user being folded in right now becomes known once its state is published)."""
+        i = self._user_index.get(user)
+        return i if i is not None and i < self.state.network.n_users else None
 
     def user_id(self, index: int) -> str:
         """The external id of a user index."""
         return self._users[index]
 
     def item_index(self, item: str) -> int | None:
-        """The index of an external item id (the artifact's, then new ones), or None."""
-        return self._item_index.get(item)
+        """The index of an external item id in the published state (the artifact's, then new ones), or
+        None."""
+        j = self._item_index.get(item)
+        return j if j is not None and j < len(self.state.embedded) else None
 
     def item_id(self, index: int) -> str:
         """The external id of an item index."""
         return self._items[index]
-
-    def embedded(self, items: IntArray) -> np.ndarray:
-        """Which of `items` have an embedding (every item of the artifact; a new one once the column branch
-        could embed it): the others are predicted by `baseline`."""
-        return self._embedded[items]
-
-    def baseline(self, user: int, items: IntArray) -> np.ndarray:
-        """The bias baseline's ratings mu + b_user + c_j: (K,)."""
-        out: np.ndarray = self._mu + self._b[user] + self._c[items]
-        return out
 
     def online_count(self, user: int) -> int:
         """How many items the user rated online."""
@@ -147,9 +154,10 @@ class FoldIn:
                 if j is None:
                     j = self._item_index[item] = len(self._items)
                     self._items.append(item)
-                self._online.setdefault(i, {})[j] = float(value)
+                # New dicts rather than changed ones: a request may be reading the old ones.
+                self._online[i] = {**self._online.get(i, {}), j: float(value)}
                 if j >= m:
-                    self._new_items.setdefault(j, {})[i] = float(value)
+                    self._new_items[j] = {**self._new_items.get(j, {}), i: float(value)}
                     items.add(j)
                 users.add(i)
             touched_users = np.array(sorted(users), dtype=np.int64)
@@ -159,7 +167,14 @@ class FoldIn:
             self._refit_biases(touched_users, touched_items)
             old = self.state
             scorer = old.scorer.updated(network, known, touched_users, embedded_items)
-            self.state = OnlineState(network, known, scorer, old.applied + len(ratings))
+            self.state = OnlineState(
+                network,
+                known,
+                scorer,
+                old.applied + len(ratings),
+                self._embedded.copy(),
+                (self._mu, self._b.copy(), self._c.copy()),
+            )
 
     def _known(self, users: IntArray) -> Ratings:
         """The CRF's known ratings: the artifact's less those re-rated online, then every online rating of

@@ -199,7 +199,7 @@ class Scorer:
         """Expected ratings (K,), label distributions (K, p) of (user, items[k]), and which of them come
         from the bias baseline (new items not embedded yet) rather than the model: (K,) bool."""
         state = self.fold.state  # one consistent model for the whole request
-        fallback = ~self.fold.embedded(items)
+        fallback = ~state.embedded[items]
         k = len(items)
         rows = np.full(k, user, dtype=np.int64)
         probs = label_probabilities(
@@ -210,7 +210,7 @@ class Scorer:
         with self._engine_lock:
             dist = state.scorer.predict(rows, items, probs)
         if fallback.any():
-            dist[fallback] = level_distribution(self.fold.baseline(user, items[fallback]), self.levels)
+            dist[fallback] = level_distribution(state.baseline(user, items[fallback]), self.levels)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist, fallback
 

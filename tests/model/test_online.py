@@ -150,11 +150,11 @@ def test_a_new_item_joins_the_field_once_a_trained_user_rates_it(artifact: Artif
     m, n = artifact.config.n_items, artifact.config.n_users
     fold.apply([("stranger", "gadget", 5.0)])  # no trained user: no embedding, not in the CRF
     j = fold.item_index("gadget")
-    assert j == m and not fold.embedded(np.array([j]))[0]
+    assert j == m and not fold.state.embedded[j]
     assert fold.state.known.n_items == m + 1 and len(fold.state.known.by_col.of(m)) == 0
-    assert np.isfinite(fold.baseline(0, np.array([j]))[0])  # its predictions come from the baseline
+    assert np.isfinite(fold.state.baseline(0, np.array([j]))[0])  # its predictions come from the baseline
     fold.apply([(artifact.users.external(2), "gadget", 4.0), (artifact.users.external(9), "gadget", 2.0)])
-    assert fold.embedded(np.array([j]))[0]
+    assert fold.state.embedded[j]
     column = np.zeros((1, n), dtype=np.float32)
     column[0, 2], column[0, 9] = 4.0, 2.0  # the stranger is not a trained user: not in the branch's input
     np.testing.assert_array_equal(
@@ -227,3 +227,30 @@ def test_the_refined_embedding_is_the_penalised_likelihoods_minimiser() -> None:
             assert objective(u + step, prior) >= objective(u, prior) - 1e-12
     # A prior far stronger than the ratings keeps the row branch's embedding.
     np.testing.assert_allclose(refine_embedding(u0, items, bilinear, labels, prior=1e9), u0, atol=1e-6)
+
+
+def test_a_user_or_item_being_folded_in_is_unknown_until_its_state_is_published(artifact: Artifact) -> None:
+    import threading
+
+    onnx = OnnxNetwork(artifact.path)
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_rows(rows: np.ndarray) -> np.ndarray:  # the row branch, held until the test has looked
+        inside.set()
+        release.wait(10)
+        return onnx.embed_users(rows)
+
+    fold = FoldIn(artifact, artifact.inference.with_overrides(EXACT), slow_rows, onnx.embed_items)
+    worker = threading.Thread(target=fold.apply, args=([("late", "gizmo", 4.0), ("u2", "gizmo", 3.0)],))
+    worker.start()
+    assert inside.wait(10)
+    # Mid-apply: the maps know the ids, the published state does not hold them yet: lookups say unknown.
+    assert fold.user_index("late") is None and fold.item_index("gizmo") is None
+    assert fold.state.network.n_users == artifact.config.n_users
+    release.set()
+    worker.join(10)
+    assert (
+        fold.user_index("late") == artifact.config.n_users
+        and fold.item_index("gizmo") == artifact.config.n_items
+    )
+    assert fold.state.embedded[artifact.config.n_items]

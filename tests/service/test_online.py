@@ -246,3 +246,35 @@ def test_a_new_item_is_predicted_by_the_baseline_until_a_trained_user_rates_it(
     with _app(tiny_artifact, durable_redis) as fresh_app:  # the replay embeds it the same way
         r = fresh_app.client.post("/predict", json={"user": "u5", "items": ["fresh"]})
         assert r.json()["predictions"][0]["rating"] == pytest.approx(embedded, abs=1e-12)
+
+
+def test_reads_racing_writes_of_new_users_and_items_never_fail(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    # A user or item being folded in is unknown (404) until its state is published, then answered: never
+    # a 5xx in between.
+    with _app(tiny_artifact, durable_redis) as api:
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def read() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                user, item = f"racer{n % 15}", f"gizmo{n % 15}"
+                statuses.append(
+                    api.client.post("/predict", json={"user": user, "items": ["i1", item]}).status_code
+                )
+                statuses.append(api.client.get(f"/recommend/{user}", params={"k": 3}).status_code)
+                statuses.append(api.client.get(f"/similar-users/{user}").status_code)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        for n in range(15):
+            body = _ratings(f"racer{n}", [("i1", 4), (f"gizmo{n}", 5)])
+            body["ratings"].append({"user": "u2", "item": f"gizmo{n}", "rating": 3})  # a trained rater
+            assert api.client.post("/ratings", json=body, headers=AUTH).status_code == 200
+        stop.set()
+        reader.join()
+        assert statuses and set(statuses) <= {200, 404}
+        assert 200 in statuses
