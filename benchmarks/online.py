@@ -32,10 +32,8 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import free_port, parse_wrk, run_wrk  # noqa: F401  (parse_wrk: tested through here)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -63,7 +64,6 @@ TARGET_GAP = 0.01
 """The target: fold-in RMSE within this much of the trained-in model's on the same entries."""
 PARTS = ("accuracy", "freshness", "speed")
 NOTES_MARK = "<!-- notes: the text below this line is kept when the report is rebuilt -->"
-UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
 
 # -- pure helpers (tests/test_online_bench.py) --------------------------------------------------------------
@@ -224,27 +224,6 @@ def preset_overrides(target: Any, base: Any, train_cls: Any) -> list[str]:
     return out
 
 
-def parse_wrk(out: str) -> dict[str, Any]:
-    """requests/s, p50, p99 (ms) and failed requests from `wrk --latency` output."""
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-
-    def pct(p: str) -> float:
-        value, unit = re.search(rf"\s{p}%\s+([\d.]+)(us|ms|s|m)\b", out).groups()  # type: ignore[union-attr]
-        return float(value) * UNITS[unit]
-
-    total = re.search(r"(\d+) requests in", out)
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    sock = re.search(r"Socket errors: (.*)", out)
-    return {
-        "rps": rps,
-        "p50_ms": pct("50"),
-        "p99_ms": pct("99"),
-        "requests": int(total.group(1)) if total else 0,
-        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
-        "socket_errors": sock.group(1).strip() if sock else "",
-    }
-
-
 # -- environment: machine, commit, processes -----------------------------------------------------------------
 
 
@@ -273,12 +252,6 @@ def commit() -> dict[str, Any]:
 
 def describe_commit(c: dict[str, Any]) -> str:
     return f"`{c['commit']}`" + (" with uncommitted changes" if c["dirty"] else "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -990,19 +963,7 @@ def _lua_list(values: Iterable[Any]) -> str:
 
 
 def _wrk(url: str, path: str, connections: int, duration: int, script: Path | None) -> dict[str, Any]:
-    argv = [
-        "wrk",
-        f"-t{min(connections, 2)}",
-        f"-c{connections}",
-        f"-d{duration}s",
-        "--latency",
-        "--timeout",
-        "10s",
-    ]
-    if script is not None:
-        argv += ["-s", str(script)]
-    out = subprocess.run([*argv, url + path], capture_output=True, text=True, check=True).stdout
-    result = parse_wrk(out)
+    result, out = run_wrk(url, path, connections, duration, script)
     if result["non_2xx"] or result["socket_errors"]:
         print(out, file=sys.stderr)
     return result

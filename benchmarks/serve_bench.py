@@ -13,24 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import free_port, run_wrk
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
@@ -75,24 +69,12 @@ end
 """
 
 
-def _wrk(url: str, path: str, connections: int, duration: int, script: Path | None) -> dict[str, float]:
-    threads = min(connections, 2)
-    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "--timeout", "10s"]
-    if script is not None:
-        argv += ["-s", str(script)]
-    out = subprocess.run([*argv, url + path], capture_output=True, text=True, check=True).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-
-    def pct(p: str) -> float:
-        value, unit = re.search(rf"\s{p}%\s+([\d.]+)(us|ms|s|m)\b", out).groups()  # type: ignore[union-attr]
-        return float(value) * UNITS[unit]
-
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    socket_errors = re.search(r"Socket errors: (.*)", out)
-    if errors or socket_errors:
+def _wrk(url: str, path: str, connections: int, duration: int, script: Path | None) -> dict[str, Any]:
+    result, out = run_wrk(url, path, connections, duration, script)
+    if result["non_2xx"] or result["socket_errors"]:
         print(out, file=sys.stderr)
         sys.exit(f"wrk saw failed requests on {path}")
-    return {"rps": rps, "p50_ms": pct("50"), "p99_ms": pct("99")}
+    return {k: result[k] for k in ("rps", "p50_ms", "p99_ms")}
 
 
 def main() -> int:
@@ -114,7 +96,7 @@ def main() -> int:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "REDIS_URL": args.redis_url, "DCMC_LOG_LEVEL": "warning"}
     if args.inference != "artifact":
