@@ -43,6 +43,9 @@ def normalize_rows(x: FloatArray) -> FloatArray:
 def bilinear_forms(left: FloatArray, mats: FloatArray, rows: IntArray, right: FloatArray) -> FloatArray:
     """out[k, u] = left[rows[k]]^T mats[u] right[k]: (K, p), with left^T mats[u] formed once per distinct
     row. Up to FEW_USERS distinct rows (a request) one matrix product per row, else one batched einsum."""
+    if len(rows) and (rows == rows[0]).all():  # one user's queries (a request): no unique, no masks
+        single: FloatArray = right @ np.matmul(left[rows[0]], mats).T  # (K, D) @ (D, p)
+        return single
     users, inverse = np.unique(rows, return_inverse=True)
     if len(users) <= FEW_USERS:  # no (K, p, D) gather
         lm = np.matmul(left[users][None], mats)  # (p, distinct rows, D)
@@ -56,10 +59,32 @@ def bilinear_forms(left: FloatArray, mats: FloatArray, rows: IntArray, right: Fl
     return res
 
 
+def one_row(rows: IntArray) -> int | None:
+    """The row all of `rows` share (a request's user), or None."""
+    if len(rows) and rows[0] == rows[-1] and (rows == rows[0]).all():
+        return int(rows[0])
+    return None
+
+
+def row_forms(left: FloatArray, mats: FloatArray, row: int, table: FloatArray, cols: IntArray) -> FloatArray:
+    """out[k, u] = left[row]^T mats[u] table[cols[k]] for one row: (K, p). When most of the table is
+    asked for (a top-N over the catalogue) the whole table is read in one product and the answers
+    gathered, instead of gathering most of its rows first."""
+    lm = np.matmul(left[row], mats)  # (p, E)
+    if 4 * len(cols) > len(table):
+        whole: FloatArray = (table @ lm.T)[cols]
+        return whole
+    out: FloatArray = np.take(table, cols, axis=0) @ lm.T
+    return out
+
+
 def label_probabilities(
     user_emb: FloatArray, item_emb: FloatArray, bilinear: FloatArray, rows: IntArray, cols: IntArray
 ) -> FloatArray:
     """P(M_ij = L_u) for the entries (rows[k], cols[k]): (K, p)."""
+    row = one_row(rows)
+    if row is not None:
+        return softmax(row_forms(user_emb, bilinear, row, item_emb, cols))
     out = np.empty((len(rows), bilinear.shape[0]), dtype=np.float64)
     step = 8192  # bounds the (chunk, p, d) temporary
     for start in range(0, len(rows), step):

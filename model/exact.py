@@ -62,7 +62,15 @@ import numpy as np
 
 from model.artifact import StoredField
 from model.config import ConfigError, Crf, KernelSettings, OutputSettings
-from model.engine import Network, bilinear_forms, compatibility_matrix, nearest_level, softmax
+from model.engine import (
+    Network,
+    bilinear_forms,
+    compatibility_matrix,
+    nearest_level,
+    one_row,
+    row_forms,
+    softmax,
+)
 from model.ratings import LineIndex, Ratings, ranges
 from model.types import FloatArray, IntArray
 
@@ -122,6 +130,9 @@ def read_messages(
     g: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray
 ) -> np.ndarray:
     """m[k, u] = a_{rows[k]}^T G_u b_{cols[k]}: (K, p)."""
+    row = one_row(rows)
+    if row is not None:
+        return row_forms(a, g, row, b, cols)
     return bilinear_forms(a, g, rows, b[cols])
 
 
@@ -197,22 +208,6 @@ def check_co_rating_size(count: int, what: str = "items") -> None:
         )
 
 
-def _centred(
-    rows: IntArray, cols: IntArray, values: FloatArray, n: int, m: int, mean: FloatArray | None = None
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """The dense (n, m) indicator of the ratings, the ratings less their row's mean (`mean`, or each
-    row's own), and the columns' norms of the latter: what the co-rating similarities are made of."""
-    if mean is None:
-        counts = np.bincount(rows, minlength=n)
-        mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(counts, 1)
-    rated = np.zeros((n, m))
-    rated[rows, cols] = 1.0
-    centred = np.zeros((n, m))
-    centred[rows, cols] = values - mean[rows]
-    norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
-    return rated, centred, norms
-
-
 def co_rating_affinity(
     rows: np.ndarray,
     cols: np.ndarray,
@@ -230,7 +225,12 @@ def co_rating_affinity(
     With rows and columns swapped (cols, rows, values, m, n) the same gives the user table of the
     user-based term: users' rating rows with each item's mean removed."""
     check_co_rating_size(m, what)
-    rated, centred, norms = _centred(rows, cols, values, n, m)
+    mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(np.bincount(rows, minlength=n), 1)
+    rated = np.zeros((n, m))
+    rated[rows, cols] = 1.0
+    centred = np.zeros((n, m))
+    centred[rows, cols] = values - mean[rows]
+    norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
     co = rated.T @ rated  # (m, m) users who rated both
     del rated
     rho = (centred.T @ centred) / np.maximum(np.outer(norms, norms), 1e-12)
@@ -250,15 +250,29 @@ def co_rating_rows(
     power: float,
     shrink: float = 10.0,
     mean: FloatArray | None = None,
+    by_row: LineIndex | None = None,
+    by_col: LineIndex | None = None,
 ) -> FloatArray:
     """The rows `targets` of `co_rating_affinity(rows, cols, values, n, m, power, shrink)`, without the
-    rest of the table: (len(targets), m), in O(N + n m len(targets)). `mean` (n,) replaces the means that
-    centre the ratings (the table's own, for rows that must not depend on other ratings)."""
-    rated, centred, norms = _centred(rows, cols, values, n, m, mean)
-    co = rated[:, targets].T @ rated  # (targets, m)
-    rho = (centred[:, targets].T @ centred) / np.maximum(np.outer(norms[targets], norms), 1e-12)
-    rho *= co / (co + shrink)
-    out: FloatArray = np.maximum(rho, 0.0, out=rho) ** power
+    rest of the table: (len(targets), m). Sparse: a target's row costs the ratings on the rows its column
+    touches, plus O(m), not O(n m). `mean` (n,) replaces the means that centre the ratings (the table's
+    own, for rows that must not depend on other ratings); `by_row`, `by_col`: the ratings' line indexes,
+    when the caller has them."""
+    if mean is None:
+        mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(np.bincount(rows, minlength=n), 1)
+    centred = values - mean[rows]
+    norms = np.sqrt(np.bincount(cols, weights=centred * centred, minlength=m))
+    by_row = LineIndex(rows, n) if by_row is None else by_row
+    by_col = LineIndex(cols, m) if by_col is None else by_col
+    out = np.zeros((len(targets), m))
+    for k, target in enumerate(np.asarray(targets, dtype=np.int64)):
+        mine = by_col.of(int(target))  # the target column's ratings (one per row)
+        members, counts = by_row.members(rows[mine])  # every rating on those rows
+        weight = np.repeat(centred[mine], counts) * centred[members]
+        num = np.bincount(cols[members], weights=weight, minlength=m)
+        co = np.bincount(cols[members], minlength=m)  # rows that rated both
+        rho = num / np.maximum(norms[target] * norms, 1e-12) * (co / (co + shrink))
+        out[k] = np.maximum(rho, 0.0) ** power
     return out
 
 
@@ -286,7 +300,12 @@ def affinity_messages(
             vals = np.take(weights, members, axis=0)
             if with_total:
                 vals = np.hstack([vals, np.ones((len(vals), 1))])
-            out[mine] = affinity[np.ix_(cols[mine], known_other[members])] @ vals
+            if 4 * len(mine) > len(affinity):
+                # Most of the table's columns asked for (a top-N over the catalogue): whole rows of the
+                # (symmetric) table, a contiguous gather, instead of a scattered (queries, members) block.
+                out[mine] = (vals.T @ np.take(affinity, known_other[members], axis=0))[:, cols[mine]].T
+            else:
+                out[mine] = affinity[np.ix_(cols[mine], known_other[members])] @ vals
         return out
     per_query = index.indptr[rows + 1] - index.indptr[rows]
     ends = np.cumsum(per_query)
@@ -302,6 +321,45 @@ def affinity_messages(
             vals = np.hstack([vals, np.ones((len(vals), 1))])
         out[lo:hi] = _segment_sums(w[:, None] * vals, count)
         lo = hi
+    return out
+
+
+@dataclass(frozen=True)
+class ColumnMajor:
+    """The known entries in item order: each one's user (N,) and transformed distribution, transposed
+    (p, N). What `column_pass` reads, built once per known field."""
+
+    rows: IntArray
+    t: FloatArray
+
+    @classmethod
+    def of(cls, t: FloatArray, known: Ratings) -> ColumnMajor:
+        """The entries of `known` (with distributions t (N, p) in its order) sorted by item."""
+        order = known.by_col.order
+        return cls(known.rows[order], np.ascontiguousarray(t[order].T))
+
+    @classmethod
+    def clamped(cls, known: Ratings, labels: IntArray, compat: FloatArray) -> ColumnMajor:
+        """`of` for clamped entries, t = compat[labels], read from the p x p compatibility directly."""
+        order = known.by_col.order
+        return cls(known.rows[order], np.take(compat.T, labels[order], axis=1))
+
+
+def column_pass(indptr: IntArray, columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> FloatArray:
+    """m[j] = sum over known l on column j of e_other[i_l] t_l, for every column j: (m, p), with the sums
+    of e_other alone as column p when `with_total`. One pass over all N entries: what one user's messages
+    from the same-item and user co-rating terms to the whole catalogue cost, instead of a gather per
+    (query, entry) pair. indptr: the column index's (m + 1,) offsets."""
+    p = columns.t.shape[0]
+    out = np.zeros((len(indptr) - 1, p + int(with_total)))
+    filled = np.diff(indptr) > 0
+    if not filled.any():
+        return out
+    e = np.take(e_other, columns.rows)
+    starts = indptr[:-1][filled]  # sorted, and past the last one there are no entries
+    out[filled, :p] = np.add.reduceat(columns.t * e, starts, axis=1).T
+    if with_total:
+        out[filled, p] = np.add.reduceat(e, starts)
     return out
 
 
@@ -324,6 +382,11 @@ class Lines:
         return self.same_user > 0 or self.same_item > 0 or self.co_rating > 0 or self.co_rating_user > 0
 
     @property
+    def column_terms(self) -> bool:
+        """Whether a term sums over the query's column (same-item, user co-rating)."""
+        return self.same_item > 0 or (self.co_rating_user > 0 and self.user_affinity is not None)
+
+    @property
     def prior_weight(self) -> float:
         """What the co-rating pseudo-count adds to the normaliser: (lambda_r + lambda_c) c."""
         return (self.co_rating + self.co_rating_user) * self.co_rating_prior
@@ -336,22 +399,37 @@ class Lines:
         rows: IntArray,
         cols: IntArray,
         with_total: bool = False,
+        columns: ColumnMajor | None = None,
     ) -> FloatArray:
         """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l
         + lambda_r sum_{l on row i} w(j, j_l) w_l + lambda_c sum_{l on col j} w_u(i, i_l) w_l: (K, p);
-        `with_total` appends the same sums of the similarities alone (the normaliser's share)."""
+        `with_total` appends the same sums of the similarities alone (the normaliser's share).
+
+        `columns`: `weights` in item order. When one user's queries reach most of the known entries
+        through their columns (a top-N over the catalogue), both column terms are then one `column_pass`
+        with the per-user weights lambda_i s_r(i, .) + lambda_c w_u(i, .)."""
         known = self.known
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
+        column_terms = self.column_terms
+        user = one_row(rows) if columns is not None and column_terms else None
+        if columns is not None and user is not None and 4 * known.by_col.counts(cols).sum() > len(known):
+            e = np.zeros(known.n_users)
+            if self.same_item > 0:
+                e += self.same_item * (a[: known.n_users] @ a[user])
+            if self.co_rating_user > 0 and self.user_affinity is not None:
+                e += self.co_rating_user * self.user_affinity[user, : known.n_users]
+            out += column_pass(known.by_col.indptr, columns, e, with_total)[cols]
+            column_terms = False
         if self.same_user > 0:
-            user = line_messages(known.by_row, b, known.cols, weights, rows, b[cols], with_total)
-            out += self.same_user * user
-        if self.same_item > 0:
+            user_term = line_messages(known.by_row, b, known.cols, weights, rows, b[cols], with_total)
+            out += self.same_user * user_term
+        if self.same_item > 0 and column_terms:
             item = line_messages(known.by_col, a, known.rows, weights, cols, a[rows], with_total)
             out += self.same_item * item
         if self.co_rating > 0 and self.affinity is not None:
             co = affinity_messages(known.by_row, self.affinity, known.cols, weights, rows, cols, with_total)
             out += self.co_rating * co
-        if self.co_rating_user > 0 and self.user_affinity is not None:
+        if self.co_rating_user > 0 and self.user_affinity is not None and column_terms:
             co = affinity_messages(
                 known.by_col, self.user_affinity, known.rows, weights, cols, rows, with_total
             )
@@ -404,7 +482,8 @@ class KnownField:
     h: (D, D) aggregate of ones (the normaliser); scale: the constant factor of the `scaled` mode;
     t: (N, p) the known entries' compatibility-transformed distributions, needed by the same-user and
     same-item terms (None when the kernel has none); interp: set when the compatibility lets three levels'
-    G determine the others (`LevelInterpolation`), so a query reads only g_anchors.
+    G determine the others (`LevelInterpolation`), so a query reads only g_anchors; columns: t in item
+    order, for the column terms' one-user pass (`with_columns`).
     """
 
     g: np.ndarray
@@ -413,11 +492,18 @@ class KnownField:
     scale: float
     t: np.ndarray | None = None
     interp: LevelInterpolation | None = None
+    columns: ColumnMajor | None = None
     g_anchors: np.ndarray | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.interp is not None:
             object.__setattr__(self, "g_anchors", np.ascontiguousarray(self.g[self.interp.anchors]))
+
+    def with_columns(self, lines: Lines | None) -> KnownField:
+        """This field with `columns` set when the kernel has a column term (else as it is)."""
+        if self.t is None or lines is None or not lines.column_terms:
+            return self
+        return dataclasses.replace(self, columns=ColumnMajor.of(self.t, lines.known))
 
 
 def scaled_messages(
@@ -432,6 +518,7 @@ def scaled_messages(
     lines: Lines | None = None,
     t: np.ndarray | None = None,
     interp: LevelInterpolation | None = None,
+    columns: ColumnMajor | None = None,
 ) -> np.ndarray:
     """Messages to (rows, cols) under a scaling: `sum` as is, `scaled` times `scale`, `normalized` divided
     by sum_l s(k, l): (K, p). With active `lines`, the kernel's same-user and same-item terms over the
@@ -443,7 +530,7 @@ def scaled_messages(
     if lines is not None and lines.active:
         if t is None:
             raise ValueError("the kernel's line terms need the known entries' distributions")
-        extra = lines.messages(t, a, b, rows, cols, with_total=scaling == "normalized")
+        extra = lines.messages(t, a, b, rows, cols, scaling == "normalized", columns)
         msg = msg + extra[:, : t.shape[1]]
         if scaling == "normalized":
             line_total = extra[:, -1] + lines.prior_weight
@@ -495,7 +582,8 @@ def known_field(
     t = q @ compat.T
     keep = t if lines is not None and lines.active else None
     interp = LevelInterpolation.of(compat)
-    return KnownField(g=graph.aggregate(t), h=h, scaling=scaling, scale=scale, t=keep, interp=interp)
+    field = KnownField(g=graph.aggregate(t), h=h, scaling=scaling, scale=scale, t=keep, interp=interp)
+    return field.with_columns(lines)
 
 
 def query_distributions(
@@ -515,7 +603,7 @@ def query_distributions(
     """
     g = field.g if field.interp is None or field.g_anchors is None else field.g_anchors
     msg = scaled_messages(
-        g, field.h, field.scaling, field.scale, a, b, rows, cols, lines, field.t, field.interp
+        g, field.h, field.scaling, field.scale, a, b, rows, cols, lines, field.t, field.interp, field.columns
     )
     return softmax(np.log(np.maximum(probs, 1e-30)) - gamma * msg)
 
@@ -671,7 +759,7 @@ class ExactScorer:
                 scale=scale,
                 t=stored.t,
                 interp=LevelInterpolation.of(self.compat),
-            )
+            ).with_columns(self.lines)
             self.field_source = "artifact"
         else:
             self.field = self._known_field(scale)
@@ -722,10 +810,12 @@ class ExactScorer:
             means[: len(self._item_means)] = self._item_means
             fresh = co_rating_rows(
                 known.cols, known.rows, known.values, network.n_items, network.n_users, users,
-                k.co_rating_power, k.co_rating_shrink, mean=means,
+                k.co_rating_power, k.co_rating_shrink, mean=means, by_row=known.by_col, by_col=known.by_row,
             )  # fmt: skip
             table[users, :] = fresh
             table[:, users] = fresh.T
+            block = fresh[:, users]  # exactly symmetric, as the table is: reads may take rows for columns
+            table[np.ix_(users, users)] = (block + block.T) / 2
             new.lines = dataclasses.replace(new.lines, user_affinity=table)
         scale = (
             self.field.scale
@@ -737,7 +827,13 @@ class ExactScorer:
             old_g, old_h = self._terms(users, items)
             new_g, new_h = new._terms(users, items)
             lines_on = new.lines is not None and new.lines.active
-            t_all = self.compat[nearest_level(known.values, network.levels)] if lines_on else None
+            labels = nearest_level(known.values, network.levels)
+            t_all = self.compat[labels] if lines_on else None
+            columns = (
+                ColumnMajor.clamped(known, labels, self.compat)
+                if new.lines is not None and new.lines.column_terms
+                else None
+            )
             new.field = KnownField(
                 g=self.field.g - old_g + new_g,
                 h=self.field.h - old_h + new_h,
@@ -745,6 +841,7 @@ class ExactScorer:
                 scale=scale,
                 t=t_all,
                 interp=self.field.interp,
+                columns=columns,
             )
         else:
             new.field = new._known_field(scale)

@@ -322,6 +322,8 @@ def refine_embedding(
         ws = (s[:, :, None] * w).sum(axis=1)  # (K, d)
         hess = (flat * s.reshape(-1, 1)).T @ flat - ws.T @ ws + 2.0 * prior * eye
         step = np.linalg.solve(hess, grad)
+        if float(grad @ step) <= 1e-12 * max(1.0, abs(value)):  # Newton decrement: converged to rounding
+            break
         t = 1.0
         while t > 1e-6:  # halve the step until it decreases the objective enough (Armijo)
             candidate = u - t * step

@@ -21,13 +21,29 @@ def ranges(starts: IntArray, counts: IntArray) -> tuple[IntArray, IntArray]:
     return owner, starts[owner] + offset
 
 
+def stable_order(line: IntArray, n_lines: int) -> IntArray:
+    """np.argsort(line, kind="stable") for line ids in [0, n_lines), by radix sort on 16-bit digits
+    (numpy's stable sort of 64-bit integers is a merge sort, about ten times slower on 100k entries)."""
+    if n_lines <= 1 << 16:
+        out: IntArray = np.argsort(line.astype(np.uint16), kind="stable")
+        return out
+    if n_lines <= 1 << 32:  # least significant digit first: the second stable pass keeps the first's order
+        low = np.argsort((line & 0xFFFF).astype(np.uint16), kind="stable")
+        high = np.argsort((line[low] >> 16).astype(np.uint16), kind="stable")
+        out = low[high]
+        return out
+    out = np.argsort(line, kind="stable")
+    return out
+
+
 class LineIndex:
     """The entries grouped by one coordinate (a row or a column): `order[indptr[i]:indptr[i + 1]]` are the
     positions of line i's entries, in their original order."""
 
     def __init__(self, line: IntArray, n_lines: int) -> None:
-        self.order: IntArray = np.argsort(line, kind="stable")
-        self.indptr: IntArray = np.searchsorted(line[self.order], np.arange(n_lines + 1))
+        self.order: IntArray = stable_order(line, n_lines)
+        self.indptr: IntArray = np.zeros(n_lines + 1, dtype=np.int64)
+        np.cumsum(np.bincount(line, minlength=n_lines), out=self.indptr[1:])
 
     def of(self, line: int) -> IntArray:
         """Positions of the entries on one line."""

@@ -1,7 +1,7 @@
 """Top-k recommendation logic behind GET /recommend/{user_id}: candidates, ranking, popularity fallback.
 
-Pure numpy over the scorer's public queries (`user_index`, `rated_items`, `predict`, `artifact.items`,
-`artifact.known()`), so it keeps working once users and ratings arrive online.
+Pure numpy over the scorer's public queries (`user_index`, `rated_items`, `predict`, `known`), so it
+keeps working once users and ratings arrive online.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ POPULAR_SHRINKAGE = 10.0
 """s of the popularity fallback's shrunk mean rating (sum_j + s * mu) / (n_j + s): an item needs about s
 ratings before its own mean outweighs the global mean mu, so a single 5-star rating does not top the list."""
 
-_POPULAR_CACHE_SIZE = 4
-_popular: dict[str, np.ndarray] = {}
+_popular: tuple[Ratings, np.ndarray] | None = None  # the known ratings it was computed from, the scores
 _popular_lock = threading.Lock()
 
 
@@ -43,15 +42,17 @@ def shrunk_means(known: Ratings, n_items: int, shrinkage: float = POPULAR_SHRINK
 
 
 def popular_scores(scorer: Scorer) -> np.ndarray:
-    """`shrunk_means` of the scorer's known ratings, computed once per model version (read-only)."""
-    scores = _popular.get(scorer.version)
-    if scores is None:
-        scores = shrunk_means(scorer.artifact.known(), len(scorer.artifact.items))
-        scores.flags.writeable = False
-        with _popular_lock:
-            while len(_popular) >= _POPULAR_CACHE_SIZE:  # old versions after a reload: drop the oldest
-                _popular.pop(next(iter(_popular)))
-            _popular[scorer.version] = scores
+    """`shrunk_means` of the scorer's known ratings (the artifact's and the online ones; an item first
+    rated online counts once it has an embedding), computed once per state of them (read-only)."""
+    global _popular
+    known = scorer.known
+    cached = _popular
+    if cached is not None and cached[0] is known:
+        return cached[1]
+    scores = shrunk_means(known, known.n_items)
+    scores.flags.writeable = False
+    with _popular_lock:
+        _popular = (known, scores)
     return scores
 
 
@@ -83,17 +84,16 @@ def recommend(
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
     user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback)."""
-    n_items = scorer.n_items  # the artifact's items, then those first rated online
     try:
         user = scorer.user_index(user_id)
     except UnknownIdError:
         user = None
     rated = scorer.rated_items(user) if user is not None else np.empty(0, dtype=np.int64)
     if user is None or len(rated) == 0:
-        scores = popular_scores(scorer)  # the artifact's ratings: an item new since ranks last
-        scores = np.concatenate([scores, np.full(n_items - len(scores), -np.inf)])
-        best = top_k(scores, candidate_mask(n_items, rated, allow, exclude), k)
+        scores = popular_scores(scorer)
+        best = top_k(scores, candidate_mask(len(scores), rated, allow, exclude), k)
         return best, scores[best], True
+    n_items = scorer.n_items  # the artifact's items, then those first rated online
     mask = candidate_mask(n_items, rated, allow, exclude)
     if not mask.any():
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), False

@@ -22,6 +22,7 @@ from model.engine import OnnxNetwork, expected_rating, label_probabilities
 from model.exact import level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn
+from model.ratings import Ratings
 from model.scorers import check_inference
 from model.types import Array
 from service.metrics import Metrics
@@ -179,6 +180,12 @@ class Scorer:
     def item_id(self, index: int) -> str:
         """The external id of an item index."""
         return self.fold.item_id(index)
+
+    @property
+    def known(self) -> Ratings:
+        """The known ratings of the current state: the artifact's training and held-out ratings, then the
+        online ones of items with an embedding (a re-rating replaces the earlier one)."""
+        return self.fold.state.known
 
     @property
     def n_items(self) -> int:

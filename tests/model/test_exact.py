@@ -273,22 +273,51 @@ def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.Mo
         exact.co_rating_affinity(cols, rows, values, m, n, 2.0, what="users")
 
 
+def test_co_rating_rows_are_rows_of_the_table() -> None:
+    rng = np.random.default_rng(15)
+    n, m = 11, 8
+    rows, cols = np.nonzero(rng.random((n, m)) < 0.5)
+    values = rng.integers(1, 6, len(rows)).astype(float)
+    keep = cols != 6  # column 6: nobody rated it
+    rows, cols, values = rows[keep], cols[keep], values[keep]
+    targets = np.array([3, 6, 0, 3])
+    table = exact.co_rating_affinity(rows, cols, values, n, m, 3.0, 2.0)
+    got = exact.co_rating_rows(rows, cols, values, n, m, targets, 3.0, 2.0)
+    np.testing.assert_allclose(got, table[targets], rtol=1e-12, atol=1e-15)
+    # Centred by given means instead of each row's own: the same definition with those means.
+    mean = rng.random(n) * 4 + 1
+    centred = np.zeros((n, m))
+    centred[rows, cols] = values - mean[rows]
+    rated = np.zeros((n, m))
+    rated[rows, cols] = 1.0
+    norms = np.linalg.norm(centred, axis=0)
+    co = rated.T @ rated
+    rho = (centred.T @ centred) / np.maximum(np.outer(norms, norms), 1e-12) * co / (co + 2.0)
+    want = np.maximum(rho, 0.0) ** 3.0
+    got = exact.co_rating_rows(rows, cols, values, n, m, targets, 3.0, 2.0, mean=mean)
+    np.testing.assert_allclose(got, want[targets], rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("known", ["predicted", "clamped"])
 @pytest.mark.parametrize(
     ("co_rating", "co_user", "prior"),
     [(0.0, 0.0, 0.0), (2.0, 0.0, 0.0), (2.0, 0.0, 0.7), (0.0, 1.5, 0.0), (2.0, 1.5, 0.7)],
 )
 @pytest.mark.parametrize("few_users", [exact.FEW_USERS, 0])
+@pytest.mark.parametrize("catalogue", [False, True])
 def test_exact_inference_with_line_terms_equals_dense_mean_field(
     known: str,
     co_rating: float,
     co_user: float,
     prior: float,
     few_users: int,
+    catalogue: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # few_users 0: every read takes the batched path, and the co-rating sums go pair by pair over several
-    # chunks of queries; otherwise user by user.
+    # chunks of queries; otherwise user by user. `catalogue`: one user's queries over every item (a
+    # top-N), which read whole tables: the column terms in one pass over the known entries (an item
+    # without ratings among them), the item table by rows, the decoder and field over every item.
     monkeypatch.setattr(exact, "FEW_USERS", few_users)
     monkeypatch.setattr(exact, "PAIR_CHUNK", 5)
     rng = np.random.default_rng(11)
@@ -297,6 +326,8 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     cfg = ModelConfig(n_users=n, n_items=m, levels=tuple(levels), hidden=(8, d), gamma=0.3, mf_layers=3)
     rows, cols = np.nonzero(rng.random((n, m)) < 0.5)
     values = rng.integers(1, 5, len(rows)).astype(float)
+    if catalogue:
+        rows, cols, values = rows[cols != 4], cols[cols != 4], values[cols != 4]
     network, ratings = _random_network(rng, cfg), Ratings(rows, cols, values, n, m)
     inference = _exact(
         scaling="normalized",
@@ -309,6 +340,8 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
         co_rating_shrink=3.0,
     )
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
+    if catalogue:
+        q_rows, q_cols = np.full(m + 1, 2), np.array([3, *range(m)])
     scorer = build_scorer(network, ratings, inference)
     assert isinstance(scorer, exact.ExactScorer)
     got = predict_distributions(network, scorer, q_rows, q_cols)
@@ -365,9 +398,10 @@ def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(queries_per_line:
     np.testing.assert_allclose(got[:, 3], s.sum(axis=1), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("n_users", [3, exact.FEW_USERS + 20])
+@pytest.mark.parametrize("n_users", [1, 3, exact.FEW_USERS + 20])
 def test_per_level_reads_agree_user_by_user_and_batched(n_users: int) -> None:
-    # Up to FEW_USERS distinct users the reads go user by user, beyond through one batched einsum.
+    # Up to FEW_USERS distinct users the reads go user by user, beyond through one batched einsum; one
+    # user's 60 queries over 30 items read the whole table, a few of them its rows.
     rng = np.random.default_rng(13)
     d, p, k = 5, 4, 60
     user_emb, item_emb = rng.normal(size=(n_users, d)), rng.normal(size=(30, d))
@@ -382,6 +416,15 @@ def test_per_level_reads_agree_user_by_user_and_batched(n_users: int) -> None:
     a, b = exact.lift(engine.normalize_rows(user_emb)), exact.lift(engine.normalize_rows(item_emb))
     want = np.einsum("ki,uij,kj->ku", a[rows], g, b[cols])
     np.testing.assert_allclose(exact.read_messages(g, a, b, rows, cols), want, rtol=1e-12, atol=1e-12)
+    few = slice(0, 5)
+    np.testing.assert_allclose(
+        exact.read_messages(g, a, b, rows[few], cols[few]), want[few], rtol=1e-12, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        engine.label_probabilities(user_emb, item_emb, bilinear, rows[few], cols[few]),
+        engine.softmax(scores[few]),
+        rtol=1e-12,
+    )
 
 
 def test_segment_sums_allow_empty_segments_and_keep_small_sums_exact() -> None:

@@ -188,6 +188,7 @@ def test_the_changed_users_rows_of_the_user_table_follow_their_ratings(artifact:
     )  # fmt: skip
     np.testing.assert_allclose(table[changed], expected, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(table[:, changed], expected.T, rtol=1e-12, atol=1e-15)
+    np.testing.assert_array_equal(table, table.T)  # exactly: a catalogue read takes its rows for columns
 
 
 def test_the_state_depends_on_the_ratings_not_on_their_batches(artifact: Artifact) -> None:
@@ -205,6 +206,32 @@ def test_the_state_depends_on_the_ratings_not_on_their_batches(artifact: Artifac
     pa = a.scorer.predict(rows, cols, a.network.probabilities(rows, cols))
     pb = b.scorer.predict(rows, cols, b.network.probabilities(rows, cols))
     np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-10)
+
+
+def test_a_top_n_read_of_the_updated_field_equals_the_general_path(artifact: Artifact) -> None:
+    # One user's queries over the catalogue read the column terms from the field's item-ordered copy of
+    # the known entries, which the online update builds from their labels.
+    import dataclasses
+
+    overrides = {**EXACT, "kernel.same_item": 1.5, "kernel.co_rating_user": 5.0, "kernel.co_rating": 3.0}
+    fold, _ = _fold(artifact, overrides)
+    fold.apply([*_batch(artifact), ("stranger", artifact.items.external(1), 5.0)])
+    state = fold.state
+    scorer = state.scorer
+    assert isinstance(scorer, ExactScorer) and scorer.field.columns is not None
+    field = scorer.field
+    for user in (0, fold.user_index("stranger")):
+        assert user is not None
+        cols = np.arange(state.network.n_items)
+        rows = np.full(len(cols), user)
+        probs = state.network.probabilities(rows, cols)
+        fast = scorer.predict(rows, cols, probs)
+        scorer.field = dataclasses.replace(field, columns=None)
+        try:
+            slow = scorer.predict(rows, cols, probs)
+        finally:
+            scorer.field = field
+        np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-12)
 
 
 def test_the_refined_embedding_is_the_penalised_likelihoods_minimiser() -> None:

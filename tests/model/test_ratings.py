@@ -7,7 +7,7 @@ import pytest
 
 from model.config import ModelConfig
 from model.engine import Network, label_probabilities
-from model.ratings import LineIndex, Ratings, ranges
+from model.ratings import LineIndex, Ratings, ranges, stable_order
 
 
 def _ratings(seed: int = 0, n: int = 7, m: int = 5) -> Ratings:
@@ -36,6 +36,16 @@ def test_line_index_groups_entries_keeping_their_order() -> None:
     assert index.counts(np.array([0, 1, 2, 3, 4])).tolist() == [2, 0, 3, 1, 0]
     members, counts = index.members(np.array([3, 0, 1]))
     assert members.tolist() == [3, 1, 4] and counts.tolist() == [1, 2, 0]
+
+
+@pytest.mark.parametrize("n_lines", [7, 70_000, 1 << 40])
+def test_stable_order_is_a_stable_argsort(n_lines: int) -> None:
+    # One 16-bit radix pass, two (ids past 65,536: digits that tie in the high half), numpy's sort beyond.
+    rng = np.random.default_rng(3)
+    line = rng.integers(0, min(n_lines, 1 << 34), 5_000)
+    line[::7] = line[0]  # many ties: their original order must survive
+    line[1::11] = (line[1] & ~0xFFFF) | 3  # the same high digit, different low digits
+    np.testing.assert_array_equal(stable_order(line, n_lines), np.argsort(line, kind="stable"))
 
 
 def test_ratings_index_rows_and_columns() -> None:

@@ -278,3 +278,15 @@ def test_reads_racing_writes_of_new_users_and_items_never_fail(
         reader.join()
         assert statuses and set(statuses) <= {200, 404}
         assert 200 in statuses
+
+
+def test_the_popular_fallback_counts_online_ratings(tiny_artifact: Path, durable_redis: RedisServer) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        before = api.client.get("/recommend/nobody", params={"k": 50}).json()
+        assert before["fallback"] == "popular"
+        last = before["recommendations"][-1]["item"]  # the lowest shrunk mean rating
+        # Twenty trained users give it 5 stars: (sum + 10 mu) / (n + 10) now tops every other item.
+        batch = [{"user": f"u{i}", "item": last, "rating": 5} for i in range(20)]
+        assert api.client.post("/ratings", json={"ratings": batch}, headers=AUTH).status_code == 200
+        after = api.client.get("/recommend/nobody", params={"k": 1}).json()
+        assert after["fallback"] == "popular" and after["recommendations"][0]["item"] == last
