@@ -105,12 +105,37 @@ class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
+SearchUnit = Literal["", "gap^-2", "range^2", "users", "items"]
+
+
+@dataclass(frozen=True)
+class SearchRange:
+    """Where the automatic selection (`dcmc tune`) looks for a setting: low..high (log-uniform when `log`)
+    times `unit`, and also the setting's off value 0 when `off`.
+
+    Units make one range fit every dataset: `gap^-2` is 1 / (median gap between adjacent rating levels)^2
+    (what makes gamma's effect on the logits independent of the rating scale), `range^2` is
+    (L_p - L_1)^2 (the largest squared label distance), and `users` / `items` the number of rows / columns
+    (a same-row term sums over about N / n entries and a same-column term over N / m, so a weight in
+    these units balances the term against the N-entry product kernel on any matrix size)."""
+
+    low: float
+    high: float
+    log: bool = True
+    off: bool = False
+    unit: SearchUnit = ""
+
+
+def _search(low: float, high: float, log: bool = True, off: bool = False, unit: SearchUnit = "") -> Any:
+    return {"search": SearchRange(low, high, log, off, unit)}
+
+
 class CrfSettings(_Group):
     """The mean-field CRF's weights, read by `paper` and `exact`; None = the value the model trained with."""
 
-    gamma: float | None = Field(default=None, ge=0)
+    gamma: float | None = Field(default=None, ge=0, json_schema_extra=_search(0.03, 30.0, unit="gap^-2"))
     """Weight gamma of the pairwise term against the unary term (none = the model's gamma)."""
-    tau: float | None = Field(default=None, gt=0)
+    tau: float | None = Field(default=None, gt=0, json_schema_extra=_search(0.1, 1.0, unit="range^2"))
     """Truncation of the label compatibility min((L_u - L_v)^2, tau) (none = the model's tau)."""
     layers: int | None = Field(default=None, ge=0)
     """Number T of mean-field layers (none = the model's T; 0 = the base network alone)."""
@@ -138,21 +163,23 @@ class KernelSettings(_Group):
     known: KnownMode = "predicted"
     """Known entries start from the base network's distributions and are updated (`predicted`), or are
     fixed to their observed labels (`clamped`)."""
-    same_user: float = Field(default=0.0, ge=0)
+    same_user: float = Field(default=0.0, ge=0, json_schema_extra=_search(1e-3, 1e9, off=True, unit="users"))
     """Weight lambda_u of the same-user term lambda_u [i = i'] s_c(j, j') (0 = off; see model/exact.py)."""
-    same_item: float = Field(default=0.0, ge=0)
+    same_item: float = Field(default=0.0, ge=0, json_schema_extra=_search(1e-3, 1e9, off=True, unit="items"))
     """Weight lambda_i of the same-item term lambda_i [j = j'] s_r(i, i') (0 = off)."""
-    co_rating: float = Field(default=0.0, ge=0)
+    co_rating: float = Field(default=0.0, ge=0, json_schema_extra=_search(1e-3, 1e9, off=True, unit="users"))
     """Weight lambda_r of the item-based co-rating term lambda_r [i = i'] w(j, j'), w the shrunk adjusted
     cosine of the items' known rating columns (item-based kNN inside the CRF; 0 = off)."""
-    co_rating_user: float = Field(default=0.0, ge=0)
+    co_rating_user: float = Field(
+        default=0.0, ge=0, json_schema_extra=_search(1e-3, 1e9, off=True, unit="items")
+    )
     """Weight lambda_c of the user-based co-rating term lambda_c [j = j'] w_u(i, i') (user-based kNN on the
     query's column; 0 = off)."""
-    co_rating_power: float = Field(default=2.0, gt=0)
+    co_rating_power: float = Field(default=2.0, gt=0, json_schema_extra=_search(0.5, 6.0, log=False))
     """Exponent q of the co-rating weights, w = max(0, rho)^q (larger = sharper)."""
-    co_rating_shrink: float = Field(default=10.0, gt=0)
+    co_rating_shrink: float = Field(default=10.0, gt=0, json_schema_extra=_search(0.3, 100.0))
     """Shrinkage s of the co-rating similarities, rho x n / (n + s) for n co-raters."""
-    co_rating_prior: float = Field(default=0.0, ge=0)
+    co_rating_prior: float = Field(default=0.0, ge=0, json_schema_extra=_search(1e-4, 10.0, off=True))
     """Pseudo-count c of the co-rating terms with `normalized` messages: (lambda_r + lambda_c) c joins the
     normaliser, so a query with few or weakly similar neighbours keeps more of the base network (0 = none)."""
 
@@ -160,7 +187,9 @@ class KernelSettings(_Group):
 class OutputSettings(_Group):
     """What `exact` mixes into the CRF's final distributions."""
 
-    baseline: float = Field(default=0.0, ge=0, le=1)
+    baseline: float = Field(
+        default=0.0, ge=0, le=1, json_schema_extra=_search(0.05, 0.9, log=False, off=True)
+    )
     """Weight w of a ridge bias baseline mixed into the final distributions, (1 - w) Q + w B, so the
     expected rating becomes (1 - w) E_Q + w (mu + b_i + c_j) (not in the paper; 0 = the CRF alone)."""
     baseline_user_shrink: float = Field(default=2.0, gt=0)
@@ -246,6 +275,20 @@ def setting_names() -> list[str]:
             assert isinstance(sub, type) and issubclass(sub, _Group)
             names += [f"{group}.{s}" for s in sub.model_fields]
     return names
+
+
+def search_space() -> dict[str, SearchRange]:
+    """The settings the automatic selection searches, by dotted name, with their ranges (declared on the
+    settings above); the others keep their values."""
+    out: dict[str, SearchRange] = {}
+    for name in setting_names()[1:]:
+        group, _, setting = name.partition(".")
+        sub = InferenceConfig.model_fields[group].annotation
+        assert isinstance(sub, type) and issubclass(sub, _Group)
+        extra = sub.model_fields[setting].json_schema_extra
+        if isinstance(extra, dict) and isinstance(extra.get("search"), SearchRange):
+            out[name] = extra["search"]  # type: ignore[assignment]
+    return out
 
 
 def setting_doc(name: str) -> str:

@@ -14,7 +14,7 @@ from typing import Protocol
 from model.artifact import Artifact, StoredField
 from model.config import ConfigError, InferenceConfig, ModelConfig, resolve_crf
 from model.engine import Network
-from model.exact import ExactScorer, check_settings
+from model.exact import ExactParts, ExactScorer, check_settings
 from model.paper import PaperScorer
 from model.ratings import Ratings
 from model.types import FloatArray, IntArray
@@ -50,10 +50,15 @@ class NetworkScorer:
 
 
 def build_scorer(
-    network: Network, known: Ratings, inference: InferenceConfig, stored: StoredField | None = None
+    network: Network,
+    known: Ratings,
+    inference: InferenceConfig,
+    stored: StoredField | None = None,
+    parts: ExactParts | None = None,
 ) -> PaperScorer | ExactScorer | NetworkScorer:
     """The scorer of `inference.mode` with everything it precomputes; `stored`: the artifact's known
-    field, used by `exact` when it was computed for the same settings."""
+    field, used by `exact` when it was computed for the same settings; `parts`: what `exact` scorers of
+    this network and these known ratings share (a search over the settings)."""
     crf = resolve_crf(network.config, inference.crf)
     if inference.mode == "none" or crf.layers == 0:
         return NetworkScorer()
@@ -61,7 +66,7 @@ def build_scorer(
         return PaperScorer(network, known, crf, inference.paper, network.config.message_scaling)
     p = inference.paper
     scale = p.subset_rows * p.subset_cols / (network.n_users * network.n_items)
-    return ExactScorer(network, known, crf, inference.kernel, inference.output, scale, stored)
+    return ExactScorer(network, known, crf, inference.kernel, inference.output, scale, stored, parts)
 
 
 def check_inference(inference: InferenceConfig, model: ModelConfig) -> None:

@@ -20,6 +20,7 @@ from training.data import DataError
 from training.errors import ExportError, TrainingError
 
 DATASET_CHOICES = ("ml-100k", "douban", "flixster", "yahoo_music", "epinions", "csv")
+DEFAULT_TRIALS = 100  # training.tune.DEFAULT_TRIALS (not imported here: it needs optuna)
 
 
 def _settings(pairs: list[str]) -> dict[str, str]:
@@ -58,6 +59,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             checkpoint_dir=args.checkpoint_dir,
             resume=args.resume,
             progress=not args.no_progress,
+            tune=not args.no_tune,
+            tune_trials=args.tune_trials,
+            tune_timeout=args.tune_timeout,
         )
     finally:
         if distributed:
@@ -84,6 +88,22 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         overrides[name] = value
     result = evaluate(args.artifacts, args.data_dir, overrides=overrides, part=args.on)
     print(json.dumps(result))
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from training.tune import tune_artifact
+
+    result = tune_artifact(
+        args.artifacts,
+        trials=args.trials,
+        timeout=args.timeout,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    r = result.record
+    summary = {k: r[k] for k in ("trials_run", "seconds", "best_val_rmse", "base_network_val_rmse", "why")}
+    print(json.dumps({"artifacts": str(args.artifacts), "chosen": result.chosen.to_dict(), **summary}))
     return 0
 
 
@@ -218,7 +238,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     t.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument(
+        "--no-tune",
+        action="store_true",
+        help="do not search the inference settings after training (the artifact serves the generic start)",
+    )
+    t.add_argument("--tune-trials", type=int, help=f"trials of the search (default {DEFAULT_TRIALS})")
+    t.add_argument("--tune-timeout", type=float, help="stop the search after this many seconds")
     t.set_defaults(func=_cmd_train)
+
+    tu = sub.add_parser(
+        "tune",
+        help="choose an artifact's inference settings on its validation ratings and write them into it",
+    )
+    tu.add_argument("--artifacts", required=True)
+    tu.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"default {DEFAULT_TRIALS}")
+    tu.add_argument("--timeout", type=float, help="stop after this many seconds (then the trials run vary)")
+    tu.add_argument("--seed", type=int, default=0, help="seed of the TPE sampler (default 0)")
+    tu.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tu.set_defaults(func=_cmd_tune)
 
     e = sub.add_parser(
         "evaluate", help="RMSE/MAE of an artifact on its test (or validation) split (one JSON line)"

@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch.distributed as dist
 
 from model.config import ConfigError, ModelConfig
@@ -15,6 +16,7 @@ from training.config import TrainConfig, preset
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
 from training.trainer import train
+from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, start_inference, tune_artifact
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +80,17 @@ def run_training(
     checkpoint_dir: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
+    tune: bool = True,
+    tune_trials: int | None = None,
+    tune_timeout: float | None = None,
 ) -> dict[str, Any]:
-    """Load data, train, and (on rank 0) write the artifact; returns the training metrics."""
+    """Load data, train, and (on rank 0) write the artifact; returns the training metrics.
+
+    With a preset that searches its inference (`default`), the settings are then chosen on the validation
+    entries (training/tune.py) unless `tune` is False or inference settings were given (`settings`
+    `inference.*`: an explicit choice is kept); untuned, the artifact serves training.tune.START."""
     chosen = preset(dataset, preset_name)
     model_over, train_over, inference_over = split_overrides(settings or {})
-    inference = chosen.inference.with_overrides(inference_over)
     if epochs is not None:
         train_over["epochs"] = epochs
     if seed is not None:
@@ -96,6 +104,10 @@ def run_training(
         levels=tuple(float(x) for x in data.levels),
         **{**chosen.model, **model_over},
     )
+    inference = chosen.inference
+    if chosen.tune:
+        inference = start_inference(np.asarray(model_cfg.levels), model_cfg.n_users, model_cfg.n_items)
+    inference = inference.with_overrides(inference_over)
     if data.val is not None:
         train_entries, val_entries = data.train, data.val
     elif train_cfg.val_fraction > 0:
@@ -150,4 +162,43 @@ def run_training(
             dataset={"name": dataset, "split": split, "seed": data_seed},
             metrics=metrics,
         )
+        if chosen.tune:
+            metrics["tuning"] = _tune(out, tune, inference_over, len(val_entries or []), train_cfg.seed,
+                                      tune_trials, tune_timeout, progress)  # fmt: skip
     return metrics
+
+
+def _tune(
+    out: Path,
+    enabled: bool,
+    inference_over: dict[str, Any],
+    n_val: int,
+    seed: int,
+    trials: int | None,
+    timeout: float | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """Search the artifact's inference settings, or say why not: a summary for the training metrics."""
+    if not enabled:
+        return {"skipped": "--no-tune: the artifact serves training.tune.START"}
+    if inference_over:
+        names = ", ".join(f"inference.{k}" for k in inference_over)
+        return {"skipped": f"inference settings given ({names}): kept as set"}
+    if n_val < MIN_VALIDATION:
+        why = (
+            f"only {n_val} validation ratings (a search needs {MIN_VALIDATION}; raise --set val_fraction): "
+            "the artifact serves training.tune.START"
+        )
+        log.warning("inference not tuned: %s", why)
+        return {"skipped": why}
+    result = tune_artifact(
+        out, trials=trials or DEFAULT_TRIALS, timeout=timeout, seed=seed, progress=progress
+    )
+    r = result.record
+    return {
+        "mode": result.chosen.mode,
+        "trials": r["trials_run"],
+        "seconds": r["seconds"],
+        "best_val_rmse": r["best_val_rmse"],
+        "base_network_val_rmse": r["base_network_val_rmse"],
+    }

@@ -1,0 +1,177 @@
+"""The automatic selection of the inference settings (training/tune.py): its search space, its record,
+and that it reads the artifact's validation ratings and nothing else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model.artifact import load_artifact
+from model.config import ConfigError, InferenceConfig, search_space, setting_names
+from model.scorers import artifact_scorer
+from training import cli
+from training.pipeline import run_training
+from training.synthetic import low_rank_ratings, write_csv
+from training.tune import DEFAULT_TRIALS, START, settings_of, tune, tune_artifact, units
+
+FAST = {"epochs": "4", "val_fraction": "0.1"}
+"""The default preset cut to a few epochs, with enough validation ratings for a search."""
+
+
+def _data(directory: Path, scramble: bool) -> Path:
+    """train.csv and test.csv of a seeded 80 x 60 matrix; `scramble` shuffles the test ratings' values."""
+    triples = low_rank_ratings(n_users=80, n_items=60, density=0.6, seed=3)
+    rng = np.random.default_rng(0)
+    test = rng.random(len(triples)) < 0.2
+    train = [t for t, is_test in zip(triples, test, strict=True) if not is_test]
+    held = [t for t, is_test in zip(triples, test, strict=True) if is_test]
+    if scramble:
+        values = [r for _, _, r in held]
+        rng.shuffle(values)
+        held = [(u, i, v) for (u, i, _), v in zip(held, values, strict=True)]
+        original = [t for t, is_test in zip(triples, test, strict=True) if is_test]
+        assert any(a[2] != b[2] for a, b in zip(held, original, strict=True))
+    write_csv(directory / "train.csv", train)
+    write_csv(directory / "test.csv", held)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """An artifact of the default preset (cut short), tuned by `run_training` with 6 trials."""
+    root = tmp_path_factory.mktemp("tune")
+    data = _data(root / "data", scramble=False)
+    out = root / "artifact"
+    metrics = run_training(
+        "csv", data, out, preset_name="default", settings=FAST, progress=False, tune_trials=6
+    )
+    return out, metrics
+
+
+def test_the_search_space_is_declared_with_the_settings() -> None:
+    space = search_space()
+    assert set(space) <= set(setting_names()) and set(START) == set(space)
+    for name, r in space.items():
+        assert 0 < r.low < r.high, name
+        assert r.low <= START[name] <= r.high or (START[name] == 0 and r.off), name
+    # One range for every dataset: in units of the rating scale and of the matrix size.
+    scale = units(np.arange(1.0, 101.0, 1.5), n_users=30, n_items=40)
+    assert scale["gap^-2"] == pytest.approx(1 / 1.5**2) and scale["range^2"] == pytest.approx(99**2)
+    settings = settings_of({**START, "crf.tau": 1.0, "kernel.co_rating": 2.0}, scale)
+    assert settings["crf.tau"] == pytest.approx(99**2) and settings["kernel.co_rating"] == 60.0
+    assert settings["mode"] == "exact" and settings["kernel.known"] == "clamped"
+    InferenceConfig().with_overrides(settings)  # a valid inference config
+    assert cli.DEFAULT_TRIALS == DEFAULT_TRIALS
+
+
+def test_train_searches_the_inference_and_records_every_trial(tuned: tuple[Path, dict[str, object]]) -> None:
+    out, metrics = tuned
+    summary = metrics["tuning"]
+    assert isinstance(summary, dict) and summary["trials"] == 6
+    artifact = load_artifact(out)
+    record = json.loads((out / "tuning.json").read_text())
+    assert len(record["trials"]) == 6 and record["trials"][0]["relative"] == START
+    assert record["n_validation"] == len(artifact.held_out) >= 100
+    assert record["n_known"] == len(artifact.train)
+    best = min(record["trials"], key=lambda t: t["val_rmse"])
+    assert record["best_val_rmse"] == best["val_rmse"]
+    assert artifact.inference.to_dict() == record["chosen"]
+    if record["chosen"]["mode"] == "exact":
+        assert best["val_rmse"] < record["base_network_val_rmse"]
+        assert {k: v for k, v in best["settings"].items() if k != "mode"} == {
+            name: artifact.inference.to_dict()[name.split(".")[0]][name.split(".")[1]]
+            for name in search_space()
+        }
+        # The stored field is the chosen settings': the service reads it instead of recomputing.
+        _, scorer = artifact_scorer(artifact)
+        assert getattr(scorer, "field_source", None) == "artifact"
+    else:
+        assert best["val_rmse"] >= record["base_network_val_rmse"]
+    # Each trial's RMSE is what that setting scores on the validation ratings with the training ratings
+    # known: rescored here through the ordinary scorer (no shared parts), for the best trial.
+    from model.engine import expected_rating
+    from model.scorers import build_scorer, load_network
+
+    network = load_network(artifact)
+    val = artifact.held_out
+    inference = InferenceConfig().with_overrides(settings_of(best["relative"], record["units"]))
+    dist = build_scorer(network, artifact.train, inference).predict(
+        val.rows, val.cols, network.probabilities(val.rows, val.cols)
+    )
+    pred = np.clip(expected_rating(dist, artifact.levels), artifact.levels[0], artifact.levels[-1])
+    assert np.sqrt(np.mean((pred - val.values) ** 2)) == pytest.approx(best["val_rmse"], abs=1e-12)
+
+
+def test_the_search_never_reads_the_test_ratings(
+    tuned: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
+    # The same training data with the test ratings' values shuffled: the same choice, trial by trial.
+    out, _ = tuned
+    data = _data(tmp_path / "data", scramble=True)
+    other = tmp_path / "artifact"
+    run_training("csv", data, other, preset_name="default", settings=FAST, progress=False, tune_trials=6)
+    mine = json.loads((out / "tuning.json").read_text())
+    theirs = json.loads((other / "tuning.json").read_text())
+    assert theirs["chosen"] == mine["chosen"]
+    assert [t["val_rmse"] for t in theirs["trials"]] == [t["val_rmse"] for t in mine["trials"]]
+    assert [t["settings"] for t in theirs["trials"]] == [t["settings"] for t in mine["trials"]]
+
+
+def test_dcmc_tune_rewrites_an_artifact(
+    tuned: tuple[Path, dict[str, object]], tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tuned[0], copy)
+    before = load_artifact(copy).model_version
+    assert cli.main(["tune", "--artifacts", str(copy), "--trials", "3", "--seed", "1", "--no-progress"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["trials_run"] == 3
+    after = load_artifact(copy)
+    assert after.model_version != before and after.inference.to_dict() == printed["chosen"]
+    assert json.loads((copy / "tuning.json").read_text())["seed"] == 1
+    assert cli.main(["tune", "--artifacts", str(copy), "--trials", "0"]) == 2
+    assert "trials must be at least 1" in capsys.readouterr().err
+
+
+def test_a_search_needs_validation_ratings(exact_artifact: Path) -> None:
+    artifact = load_artifact(exact_artifact)  # the tiny preset's random split: 5% validation, under 100
+    assert len(artifact.held_out) < 100
+    with pytest.raises(ConfigError, match="validation ratings; a search needs at least 100"):
+        tune(artifact, trials=2, progress=False)
+
+
+def test_explicit_settings_and_no_tune_are_kept(tmp_path: Path) -> None:
+    data = _data(tmp_path / "data", scramble=False)
+    metrics = run_training(
+        "csv", data, tmp_path / "a", preset_name="default", settings=FAST, progress=False, tune=False
+    )
+    assert "--no-tune" in metrics["tuning"]["skipped"]
+    assert not (tmp_path / "a" / "tuning.json").exists()
+    assert load_artifact(tmp_path / "a").inference.kernel.co_rating == pytest.approx(
+        START["kernel.co_rating"] * load_artifact(tmp_path / "a").config.n_users
+    )
+    settings = {**FAST, "inference.crf.gamma": "2.5"}
+    metrics = run_training(
+        "csv", data, tmp_path / "b", preset_name="default", settings=settings, progress=False
+    )
+    assert "inference.crf.gamma" in metrics["tuning"]["skipped"]
+    assert load_artifact(tmp_path / "b").inference.crf.gamma == 2.5
+
+
+def test_tune_artifact_refuses_a_tampered_artifact(
+    tuned: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
+    import shutil
+
+    from model.artifact import ArtifactError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tuned[0], copy)
+    (copy / "train_ratings.npz").write_bytes(b"not the ratings")
+    with pytest.raises(ArtifactError, match="fails its checksum"):
+        tune_artifact(copy, trials=2, progress=False)
