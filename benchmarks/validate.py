@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     settings = dict(s.split("=", 1) for s in args.set)
     settings["lr_halve_every"] = str(args.halve_every)
-    settings.setdefault("val_fraction", str(TUNING_VAL_FRACTION))  # the preset holds out 1%
+    settings.setdefault("val_fraction", str(TUNING_VAL_FRACTION))  # as the default preset
     out = Path(args.out) / f"{args.dataset}-{args.epochs}-{args.halve_every}"
     t0 = time.perf_counter()
     metrics = run_training(

@@ -221,7 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dataset", required=True, choices=DATASET_CHOICES)
     t.add_argument("--data-dir", required=True, help="directory (or CSV file) holding the data")
     t.add_argument("--out", required=True, help="artifact directory to write")
-    t.add_argument("--split", default="u1", help="ml-100k: u1..u5 or random (default u1)")
+    t.add_argument(
+        "--split",
+        default="u1",
+        help="u1 (the standard split; ml-100k also u2..u5), random (75/5/20), or resample (ml-100k and the "
+        "Monti datasets: the pooled ratings re-split with the standard test size; --split-seed) (default u1)",
+    )
     t.add_argument("--split-seed", type=int, default=0, help="seed of random train/val/test splits")
     t.add_argument("--preset", default="default", choices=("default", "paper", "tiny"))
     t.add_argument("--epochs", type=int, help="override the preset's number of epochs")

@@ -24,7 +24,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 DATASETS = ("ml-100k", "douban", "flixster", "yahoo_music", "epinions", "csv")
-ML100K_SPLITS = ("u1", "u2", "u3", "u4", "u5", "random")
+ML100K_SPLITS = ("u1", "u2", "u3", "u4", "u5", "random", "resample")
 DEFAULT_FRACTIONS = (0.75, 0.05, 0.20)
 
 _ALIASES = {
@@ -344,6 +344,16 @@ def _make_split(
     return split
 
 
+def resample(train: Entries, test: Entries, seed: int) -> tuple[Entries, Entries]:
+    """The pooled ratings of a standard split re-split at random with the same test size: (train, test).
+    Seeded; the validation entries are then carved from the new training part as from any other."""
+    pooled = Entries.concat([train, test])
+    order = np.random.default_rng(seed).permutation(len(pooled))
+    in_test = np.zeros(len(pooled), dtype=bool)
+    in_test[order[: len(test)]] = True
+    return pooled.take(~in_test), pooled.take(in_test)
+
+
 def _random_from_parsed(name: str, parsed: _Parsed, seed: int) -> RatingSplit:
     user_ids, item_ids, (entries,) = _index_parts([parsed])
     _check_duplicates(entries, parsed, len(item_ids))
@@ -393,10 +403,13 @@ def _load_ml100k(data_dir: Path, split: str, seed: int) -> RatingSplit:
         )
     user_ids, item_ids, (entries,) = _index_parts([parsed])
     _check_duplicates(entries, parsed, len(item_ids))
-    k = int(split[1])
+    k = 1 if split == "resample" else int(split[1])
     in_test = np.zeros(n, dtype=bool)
     in_test[(k - 1) * _ML100K_BLOCK : k * _ML100K_BLOCK] = True
-    return _make_split("ml-100k", user_ids, item_ids, entries.take(~in_test), None, entries.take(in_test))
+    train, test = entries.take(~in_test), entries.take(in_test)
+    if split == "resample":
+        train, test = resample(train, test, seed)
+    return _make_split("ml-100k", user_ids, item_ids, train, None, test)
 
 
 def _read_mat(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -479,6 +492,9 @@ def _load_monti(name: str, data_dir: Path, split: str, seed: int) -> RatingSplit
     if split == "random":
         train, val, test = random_split(Entries.concat([train, test]), DEFAULT_FRACTIONS, seed)
         return _make_split(name, user_ids, item_ids, train, val, test)
+    if split == "resample":
+        train, test = resample(train, test, seed)
+        return _make_split(name, user_ids, item_ids, train, None, test)
     _fixed_split_only(name, split)
     return _make_split(name, user_ids, item_ids, train, None, test)
 
@@ -487,6 +503,7 @@ def _fixed_split_only(name: str, split: str) -> None:
     if split not in ("u1", "random"):
         raise DataError(
             f"{name}: unknown split {split!r}; valid splits: u1 (the dataset's standard protocol), random"
+            + (", resample" if name in _MONTI_FILES else "")
         )
 
 

@@ -380,9 +380,15 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
 
 
 @pytest.mark.parametrize("queries_per_line", [1, 40])
-def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(queries_per_line: int) -> None:
-    # One query per line (a request's items) takes the per-pair sums; many queries sharing a long line
-    # (one user's test entries) the per-line aggregates. Both must equal the dense sum.
+@pytest.mark.parametrize("way", ["pairs", "lines"])
+def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(
+    queries_per_line: int, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Per (query, member) pair or line by line through per-line aggregates, whichever the costs pick:
+    # both ways forced here, for one query per line (a request's items) and many sharing a line (one
+    # user's test entries). Each must equal the dense sum.
+    monkeypatch.setattr(exact, "LINE_LOOP_COST", 10**12 if way == "pairs" else 0)
+    monkeypatch.setattr(exact, "LINE_BLAS_SPEEDUP", 1 if way == "pairs" else 10**12)
     rng = np.random.default_rng(12)
     n, m, d = 5, 60, 4
     table = exact.lift(engine.normalize_rows(rng.normal(size=(m, d))))

@@ -204,6 +204,15 @@ def test_ml100k_canonical_splits_by_line_range(synthetic_udata: Path, k: int) ->
     assert s.n_users == 500 and s.n_items == 200
 
 
+def test_ml100k_resample_keeps_the_test_size(synthetic_udata: Path) -> None:
+    s = load_dataset("ml-100k", synthetic_udata, split="resample", seed=3)
+    assert len(s.train) == 80_000 and len(s.test) == 20_000 and s.val is None
+    assert len(np.unique(s.test.values)) > 1 and not np.all(s.test.values == 1)  # not u1's block
+    same = load_dataset("ml-100k", synthetic_udata, split="resample", seed=3)
+    np.testing.assert_array_equal(same.test.rows, s.test.rows)
+    np.testing.assert_array_equal(same.test.cols, s.test.cols)
+
+
 def test_ml100k_loads_fast(synthetic_udata: Path) -> None:
     t = time.perf_counter()
     load_dataset("ml-100k", synthetic_udata, split="u1")
@@ -292,6 +301,14 @@ def test_monti_reader(tmp_path: Path, name: str, fname: str, levels: np.ndarray,
     assert np.array_equal(s.levels, np.unique(m[o_train == 1]))
     r = load_dataset(name, tmp_path, split="random", seed=1)
     assert r.val is not None and len(r.train) + len(r.val) + len(r.test) == int((m != 0).sum())
+    # resample: the pooled ratings re-split with the standard test size, seeded, disjoint, nothing lost.
+    a, b = (load_dataset(name, tmp_path, split="resample", seed=seed) for seed in (1, 2))
+    again = load_dataset(name, tmp_path, split="resample", seed=1)
+    assert a.val is None and len(a.test) == len(s.test) and len(a.train) == len(s.train)
+    pooled = dense(a.train, m.shape) + dense(a.test, m.shape)
+    assert np.array_equal(pooled, m * ((o_train + o_test) > 0))
+    assert np.array_equal(dense(again.test, m.shape), dense(a.test, m.shape))
+    assert not np.array_equal(dense(a.test, m.shape), dense(b.test, m.shape))
 
 
 def test_monti_file_dir_itself(tmp_path: Path) -> None:

@@ -175,3 +175,20 @@ def test_tune_artifact_refuses_a_tampered_artifact(
     (copy / "train_ratings.npz").write_bytes(b"not the ratings")
     with pytest.raises(ArtifactError, match="fails its checksum"):
         tune_artifact(copy, trials=2, progress=False)
+
+
+def test_co_rating_terms_stay_off_where_their_tables_would_be_refused(
+    tuned: tuple[Path, dict[str, object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Epinions has 139,738 items: no item table (model.exact.CO_RATING_MAX_ITEMS). Here: 60 items > 50.
+    import training.tune
+
+    monkeypatch.setattr(training.tune, "CO_RATING_MAX_ITEMS", 50)
+    artifact = load_artifact(tuned[0])
+    assert artifact.config.n_items == 60 and artifact.config.n_users == 80
+    result = tune(artifact, trials=5, progress=False)
+    assert set(result.record["kept_off"]) == {"kernel.co_rating", "kernel.co_rating_user"}
+    for trial in result.record["trials"]:
+        assert trial["settings"]["kernel.co_rating"] == 0 and trial["settings"]["kernel.co_rating_user"] == 0
+    untuned = training.tune.start_inference(artifact.levels, 80, 60)
+    assert untuned.kernel.co_rating == 0 and untuned.kernel.co_rating_user == 0
