@@ -262,3 +262,22 @@ def test_demo_prints_the_online_loop() -> None:
     assert '"user": "newcomer", "item": "i1", "rating": 5' in text
     assert text.index("/recommend/newcomer") < text.index("/ratings") < text.rindex("/recommend/newcomer")
     assert "/ratings" not in demo_commands("http://h:1", "u0", ["i1"], None)  # no Redis: no writes
+
+
+def test_demo_trains_with_the_search_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The demo's artifact gets its inference from the search (default preset, enough validation
+    # ratings), not `mode=none`: the generated matrix's random split holds 5% of 12,000 ratings.
+    import training.pipeline
+    from training.cli import main as cli_main
+    from training.data import load_dataset
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(training.pipeline, "run_training", lambda *a, **k: calls.append({"args": a, **k}))
+    assert cli_main(["demo", "--no-serve", "--out", str(tmp_path / "demo")]) == 0
+    (call,) = calls
+    assert call.get("preset_name", "default") == "default" and call.get("tune", True) is True
+    dataset, data = call["args"][0], call["args"][1]
+    split = load_dataset(str(dataset), str(data), split=str(call["split"]))
+    from training.tune import MIN_VALIDATION
+
+    assert split.val is not None and len(split.val) >= MIN_VALIDATION
