@@ -206,20 +206,28 @@ def _value(v: Any) -> str:
     return "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def preset_overrides(target: Any, base: Any, train_cls: Any) -> list[str]:
-    """`--set` pairs that turn preset `base` (what `dcmc train` starts from) into preset `target`: every
-    differing TrainConfig field (the seed aside: `--seed`), model field and inference setting."""
+def artifact_overrides(artifact: Path, base: Any, train_cls: Any) -> list[str]:
+    """`--set` pairs that turn preset `base` (what `dcmc train` starts from) into the training, model and
+    inference settings an artifact was trained with (read from its config.json): the reduced model is
+    trained as the base artifact was, whatever the presets say today."""
+    config = json.loads((artifact / "config.json").read_text())
+    train = {k: v for k, v in config["train"].items() if k not in ("seed", "preset")}
     out = []
     for f in fields(train_cls):
-        if f.name != "seed" and getattr(target.train, f.name) != getattr(base.train, f.name):
-            out.append(f"{f.name}={_value(getattr(target.train, f.name))}")
-    for key in sorted(set(target.model) | set(base.model)):
-        if target.model.get(key) != base.model.get(key):
-            v = target.model[key]
+        if f.name in train and train[f.name] != getattr(base.train, f.name):
+            out.append(f"{f.name}={_value(train[f.name])}")
+    from dataclasses import MISSING
+
+    from model.config import InferenceConfig, ModelConfig
+
+    defaults = {f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING}
+    model = {k: v for k, v in config["model"].items() if k not in ("n_users", "n_items", "levels")}
+    for key, v in sorted(model.items()):
+        if (tuple(v) if isinstance(v, list) else v) != base.model.get(key, defaults.get(key)):
             out.append(f"{key}={','.join(map(str, v)) if isinstance(v, tuple | list) else _value(v)}")
-    want, have = flat_inference(target.inference.to_dict()), flat_inference(base.inference.to_dict())
-    for key, v in want.items():
-        if (key == "mode" or v != have.get(key)) and target.inference.reads(key):
+    inference = InferenceConfig.from_dict(config["inference"])
+    for key, v in flat_inference(inference.to_dict()).items():
+        if inference.reads(key):
             out.append(f"inference.{key}={_value(v)}")
     return out
 
@@ -632,7 +640,7 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     data_dir = work / "data"
     keep = write_dataset(data_dir, split, held)
     n_users_with_train = len(np.unique(split.train.rows))
-    overrides = preset_overrides(preset("ml-100k"), preset("csv"), TrainConfig)
+    overrides = artifact_overrides(Path(args.base), preset("csv"), TrainConfig)
     training = train_reduced(data_dir, work / "reduced", overrides, args.retrain)
     emit({"part": "accuracy", "step": "trained", **training})
     reduced = work / "reduced"
@@ -1389,7 +1397,7 @@ def main(argv: list[str] | None = None) -> int:
         held = select_users(split.train.rows)
         work = Path(args.work)
         write_dataset(work / "data", split, held)
-        overrides = preset_overrides(preset("ml-100k"), preset("csv"), TrainConfig)
+        overrides = artifact_overrides(Path(args.base), preset("csv"), TrainConfig)
         emit({"step": "trained", **train_reduced(work / "data", work / "reduced", overrides, args.retrain)})
         return 0
     functions = {"accuracy": part_accuracy, "freshness": part_freshness, "speed": part_speed}

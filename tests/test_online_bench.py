@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from model.config import InferenceConfig
 from training.config import TrainConfig, preset
 from training.data import Entries, RatingSplit, load_dataset
 
@@ -76,16 +78,26 @@ def test_time_order_sorts_each_users_ratings_by_timestamp_then_position() -> Non
     assert order[0].tolist() == [1, 3] and order[1].tolist() == [2, 4, 0]
 
 
-def test_the_overrides_turn_the_csv_preset_into_the_ml100k_default() -> None:
-    pairs = dict(
-        p.split("=", 1) for p in online.preset_overrides(preset("ml-100k"), preset("csv"), TrainConfig)
+def test_the_overrides_turn_the_csv_preset_into_the_base_artifacts_settings(tmp_path: Path) -> None:
+    # The reduced model is trained as the base artifact was (its config.json), whatever the presets are.
+    train = dataclasses.replace(preset("ml-100k").train, val_fraction=0.01, beta=0.0, epochs=7)
+    inference = InferenceConfig.from_dict(
+        {"mode": "exact", "crf": {"gamma": 1.5}, "kernel": {"known": "clamped", "co_rating": 3.0}}
     )
+    model = {"n_users": 9, "n_items": 8, "levels": [1.0, 2.0], "hidden": [32, 16], "tau": 12.0}
+    config = {
+        "train": {**train.to_dict(), "preset": "default"},
+        "model": model,
+        "inference": inference.to_dict(),
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    pairs = dict(p.split("=", 1) for p in online.artifact_overrides(tmp_path, preset("csv"), TrainConfig))
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    train = {k: {"int": int, "float": float}[types[k]](v) for k, v in pairs.items() if k in types}
-    inference = {k.removeprefix("inference."): v for k, v in pairs.items() if k.startswith("inference.")}
-    assert set(pairs) == set(train) | {f"inference.{k}" for k in inference}  # no model fields differ
-    assert dataclasses.replace(preset("csv").train, **train) == preset("ml-100k").train
-    assert preset("csv").inference.with_overrides(inference) == preset("ml-100k").inference
+    got = {k: {"int": int, "float": float}[types[k]](v) for k, v in pairs.items() if k in types}
+    assert dataclasses.replace(preset("csv").train, **got) == dataclasses.replace(train, seed=0)
+    assert pairs["hidden"] == "32,16" and "tau" not in pairs  # the csv preset's tau is the same
+    settings = {k.removeprefix("inference."): v for k, v in pairs.items() if k.startswith("inference.")}
+    assert preset("csv").inference.with_overrides(settings) == inference
 
 
 def test_paired_bootstrap_of_the_gap() -> None:
