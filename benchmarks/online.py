@@ -1165,9 +1165,10 @@ def accuracy_section(r: dict[str, Any], figure: Path | None) -> list[str]:
         f"{t['n_val']} validation ratings, train_seconds {t['train_seconds']}, validation RMSE "
         f"{t['val_rmse']:.4f}. Its training, model and inference settings equal the base artifact's: "
         f"{match}.",
-        f"- trained-in model: `{r['base']}` (model {r['base_meta']['model_version']}, `dcmc train --dataset "
-        "ml-100k --data-dir /work/shared/datasets --seed 0 --threads 1 --no-progress`, default preset, "
-        "trained at `65d406e`), reused, scored with the Python API (load_artifact, artifact_scorer, "
+        f"- trained-in model: `{r['base']}` (model {r['base_meta']['model_version']}, trained before this "
+        "run on all of u1's training ratings, seed 0; its config.json holds the settings the reduced model "
+        "copies), "
+        "reused, scored with the Python API (load_artifact, artifact_scorer, "
         "predict_distributions, expected_rating, clipped to the levels as the service does) with its own "
         f"inference. Its RMSE on all of u1's test: {r['trained_in_all_test']:.4f}.",
         f"- fold-in: `dcmc serve --workers {r['workers']}` on the reduced artifact with a write token; each "
