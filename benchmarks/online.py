@@ -324,7 +324,15 @@ class Redis:
 class Service:
     """`dcmc serve` as a child process with a private environment (Redis, prefix, write token)."""
 
-    def __init__(self, artifacts: Path, redis_url: str, prefix: str, workers: int, log: Path) -> None:
+    def __init__(
+        self,
+        artifacts: Path,
+        redis_url: str,
+        prefix: str,
+        workers: int,
+        log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         import httpx
 
         self.port = free_port()
@@ -348,6 +356,7 @@ class Service:
             "DCMC_REDIS_KEY_PREFIX": prefix,
             "DCMC_WRITE_TOKEN": TOKEN,
             "DCMC_LOG_LEVEL": "warning",
+            **(env or {}),
         }
         self.log = log.open("a")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)

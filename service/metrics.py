@@ -51,6 +51,12 @@ class Metrics:
             "Online ratings this worker folded into its model (from the Redis stream, any writer).",
             registry=self.registry,
         )
+        self.user_rows = Counter(
+            "dcmc_user_rows",
+            "Requests answered from a user's cached catalogue row (hit) or that computed one (fill).",
+            ["event"],
+            registry=self.registry,
+        )
         self.redis_errors = Counter(
             "dcmc_redis_errors",
             "Redis calls that failed (reads went on with the model as it was).",

@@ -99,6 +99,6 @@ def recommend(
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), False
     # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
     # that share a block, so a rating must not depend on which other items were asked for.
-    ratings, _, _ = scorer.predict(user, np.arange(n_items, dtype=np.int64))
+    ratings = scorer.row(user)
     best = top_k(ratings, mask, k)
     return best, ratings[best], False

@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     """Overrides of the artifact's inference settings, nested by group: `DCMC_INFERENCE__MODE=exact`,
     `DCMC_INFERENCE__CRF__GAMMA=2`, `DCMC_INFERENCE__KERNEL__CO_RATING=0` (names and meanings in
     docs/inference.md; an unknown name stops start-up with the list of valid ones)."""
+    user_cache_mb: float = Field(default=64.0, ge=0)
+    """Per-worker memory for users' predictions over the whole catalogue (POST /predict answers a user's
+    second request of a model state from it; GET /recommend fills it); 0 = off. Every online rating starts
+    a new model state and so empties it (answers stay exact)."""
     onnx_threads: PositiveInt = 1
     """ONNX Runtime intra-op threads per worker (for embeddings recomputed on a cache miss)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

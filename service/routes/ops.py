@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import orjson
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.deps import MetricsDep
@@ -12,19 +12,25 @@ from service.schemas import Health, Ready
 router = APIRouter(tags=["operations"])
 
 
+def _json(body: Health | Ready, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(body.model_dump()), status_code, media_type="application/json")
+
+
+# Both are `async` and answer without a thread hop (a sync route runs in the thread pool): they are what
+# load balancers and orchestrators poll.
 @router.get("/health", response_model=Health)
-def health(request: Request) -> Health:
+async def health(request: Request) -> Response:
     """Liveness; `degraded` while Redis is configured but failing (the service still answers)."""
     scorer = getattr(request.app.state, "scorer", None)
     if scorer is None:
-        return Health(status="starting", model_version=None, redis="unknown")
+        return _json(Health(status="starting", model_version=None, redis="unknown"))
     redis = scorer.redis_state()
     settings = request.app.state.settings
     if scorer.ratings is None:
         writes = "off: no Redis (REDIS_URL)"
     else:
         writes = "enabled" if settings.write_token is not None else "off: no DCMC_WRITE_TOKEN"
-    return Health(
+    health = Health(
         status="degraded" if redis == "down" else "ok",
         model_version=scorer.version,
         redis=redis,
@@ -32,15 +38,16 @@ def health(request: Request) -> Health:
         writes=writes,
         online_ratings=scorer.fold.state.applied,
     )
+    return _json(health)
 
 
 @router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
-def ready(request: Request) -> Response:
+async def ready(request: Request) -> Response:
     """200 once the artifact is loaded and the online ratings since it are replayed, else 503."""
     scorer = getattr(request.app.state, "scorer", None)
     ready = scorer is not None and scorer.replayed
     body = Ready(ready=ready, model_version=scorer.version if scorer else None)
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+    return _json(body, 200 if ready else 503)
 
 
 @router.get("/metrics", response_class=Response)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
+import orjson
 from fastapi import APIRouter, HTTPException, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -74,4 +73,4 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
         "online_ratings": scorer.online_count(user_idx),
         "predictions": predictions,
     }
-    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+    return Response(orjson.dumps(payload), media_type="application/json")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal
 
+import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -119,4 +119,4 @@ async def recommend_items(
     payload["recommendations"] = [
         {"item": scorer.item_id(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
     ]
-    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+    return Response(orjson.dumps(payload), media_type="application/json")

@@ -1,0 +1,10 @@
+"""The HTTP floor of benchmarks/serve_floor.py: FastAPI with one route, run by the same uvicorn."""
+
+from fastapi import FastAPI
+
+app = FastAPI()
+
+
+@app.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}

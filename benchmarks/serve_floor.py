@@ -1,0 +1,290 @@
+"""How far `dcmc serve` is from the HTTP floor: a bare FastAPI /health and every route, in one run.
+
+    python benchmarks/serve_floor.py --artifacts DIR [--duration 8] [--workers 2]
+
+Starts, on this machine and in this order:
+
+1. the floor: `uvicorn bare_app:app --workers 2` (benchmarks/bare_app.py, one async /health route), under
+   the same uvicorn as the service;
+2. `dcmc serve --workers 2` on the artifact with a private redis-server (free port, temporary directory,
+   append-only file fsynced on every write), as benchmarks/online.py does;
+3. the same service with its per-user row cache off (`DCMC_USER_CACHE_MB=0`): what a request costs for a
+   user whose row is not cached.
+
+wrk on loopback measures p50/p99 at concurrency 1 and requests/s at concurrency 32 for: /health (bare and
+the service's), POST /predict with 10 and with 100 items (500 bodies, random users and items, cycled), GET
+/recommend/{user}?k=10 (random users) and, last (each write empties the row caches), POST /ratings with
+one random rating. Before the measured runs every body is sent a few times (so that every user's row is
+cached in both workers: the row cache admits a user on a second miss); the share of requests answered
+from a cached row is read from /metrics and printed beside each run.
+
+Prints the ratios to the floor and the issue's targets; appends the record to
+benchmarks/results/serve_floor.jsonl and writes it as the first section of benchmarks/results/serve.md.
+Numbers of one run compare only with numbers of the same run. Needs `wrk` and `redis-server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import free_port, run_wrk
+from online import PREDICT_LUA, RATINGS_LUA, RECOMMEND_LUA, TOKEN, Redis, Service, _lua_list
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+TARGETS = {
+    "predict100_p50_vs_floor": 2.0,
+    "predict100_rps_share": 0.5,
+    "predict100_p99_over_p50": 10.0,
+    "health_p50_vs_floor": 1.3,
+}
+"""The issue's targets: /predict (100 items) p50 at conc. 1 within 2x the bare /health p50, its req/s at
+conc. 32 at least half the bare /health's with p99 under 10x its p50, the service's /health within 1.3x."""
+
+
+class Bare:
+    """The floor app under uvicorn, as a child process."""
+
+    def __init__(self, workers: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "uvicorn", "bare_app:app", "--app-dir", str(Path(__file__).parent)]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers)]
+        argv += ["--no-access-log", "--log-level", "warning"]
+        self.proc = subprocess.Popen(argv)
+
+    def wait_ready(self, timeout: float = 60) -> Bare:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the bare app exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/health").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.url} not ready after {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(20)
+
+
+def bodies(artifacts: Path, n_items: int, count: int = 500, seed: int = 0) -> list[str]:
+    """`count` POST /predict bodies: a random user and `n_items` distinct random items each (seeded)."""
+    users = json.loads((artifacts / "user_ids.json").read_text())
+    items = json.loads((artifacts / "item_ids.json").read_text())
+    rng = np.random.default_rng(seed)
+    return [
+        json.dumps(
+            {
+                "user": users[rng.integers(len(users))],
+                "items": [items[j] for j in rng.choice(len(items), n_items, replace=False)],
+            },
+            separators=(",", ":"),
+        )
+        for _ in range(count)
+    ]
+
+
+def wrk(url: str, path: str, connections: int, duration: int, script: Path | None) -> dict[str, Any]:
+    """One wrk run; exits on any failed request (a fast error is no result)."""
+    result, out = run_wrk(url, path, connections, duration, script)
+    if result["non_2xx"] or result["socket_errors"]:
+        print(out, file=sys.stderr)
+        sys.exit(f"wrk saw failed requests on {path}")
+    return result
+
+
+def rows_hits(svc: Service) -> float:
+    return svc.metric('dcmc_user_rows_total{event="hit"}')
+
+
+def measure_service(
+    svc: Service, scripts: dict[str, Path], duration: int, writes: bool, users: list[str]
+) -> dict[str, Any]:
+    """wrk over the service's routes (module docstring), /metrics' row-cache hits around each run."""
+    for name in ("predict10", "predict100", "recommend"):  # every user's row, in both workers
+        path = "/recommend" if name == "recommend" else "/predict"
+        wrk(svc.url, path, 2, 4, scripts[name])
+    plan: list[tuple[str, str, Path | None]] = [
+        ("health", "/health", None),
+        ("predict10", "/predict", scripts["predict10"]),
+        ("predict100", "/predict", scripts["predict100"]),
+        ("recommend", "/recommend", scripts["recommend"]),
+    ]
+    if writes:
+        plan.append(("ratings", "/ratings", scripts["ratings"]))
+    out: dict[str, Any] = {}
+    for name, path, script in plan:
+        for conns in (1, 32):
+            before = rows_hits(svc)
+            r = wrk(svc.url, path, conns, duration, script)
+            r["row_hits"] = (rows_hits(svc) - before) / max(r["requests"], 1)
+            out[f"{name}@{conns}"] = r
+            print(json.dumps({"run": f"{name}@{conns}", **r}), flush=True)
+    return out
+
+
+def report(record: dict[str, Any]) -> str:
+    """The markdown section of one run."""
+    floor1, floor32 = record["bare"]["health@1"], record["bare"]["health@32"]
+    lines = [
+        f"## Serving floor: `dcmc serve` against a bare FastAPI /health ({record['written']})",
+        "",
+        f"- command: `{record['command']}` at `{record['commit']}`; {record['machine']}; artifact "
+        f"`{record['artifacts']}` (inference `{record['inference']}`); {record['workers']} workers each; wrk "
+        f"{record['duration_s']} s per row; a private redis-server (AOF, fsync always)",
+        "- `cached rows`: share of the run's requests answered from the user's cached row (the warm-up sent "
+        "every body first); `no row cache`: the same service with `DCMC_USER_CACHE_MB=0`",
+        "",
+        "| server | route | p50 ms, conc. 1 | p99 ms, conc. 1 | req/s, conc. 32 | p50 / p99 ms, conc. 32 "
+        "| p50 vs floor | req/s vs floor | cached rows (1 / 32) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def row(server: str, name: str, runs: dict[str, Any]) -> None:
+        a, b = runs[f"{name}@1"], runs[f"{name}@32"]
+        hits = f"{a['row_hits']:.0%} / {b['row_hits']:.0%}" if "row_hits" in a else "-"
+        lines.append(
+            f"| {server} | {name} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {b['rps']:.0f} | "
+            f"{b['p50_ms']:.2f} / {b['p99_ms']:.2f} | {a['p50_ms'] / floor1['p50_ms']:.2f}x | "
+            f"{b['rps'] / floor32['rps']:.2f} | {hits} |"
+        )
+
+    row("bare FastAPI", "health", record["bare"])
+    for name in ROUTES:
+        if f"{name}@1" in record["dcmc"]:
+            row("dcmc serve", name, record["dcmc"])
+    for name in ROUTES:
+        if f"{name}@1" in record["cold"]:
+            row("dcmc serve, no row cache", name, record["cold"])
+    lines += ["", "Targets (issue 22), this run:", ""]
+    for key, (value, target, met) in record["targets"].items():
+        lines.append(
+            f"- {key}: {value:.2f} (target {'<=' if 'share' not in key else '>='} {target}): "
+            f"{'met' if met else 'NOT met'}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+ROUTES = ("health", "predict10", "predict100", "recommend", "ratings")
+
+
+def targets(record: dict[str, Any]) -> dict[str, tuple[float, float, bool]]:
+    bare, dcmc = record["bare"], record["dcmc"]
+    p100_1, p100_32 = dcmc["predict100@1"], dcmc["predict100@32"]
+    values = {
+        "predict100_p50_vs_floor": p100_1["p50_ms"] / bare["health@1"]["p50_ms"],
+        "predict100_rps_share": p100_32["rps"] / bare["health@32"]["rps"],
+        "predict100_p99_over_p50": p100_32["p99_ms"] / p100_32["p50_ms"],
+        "health_p50_vs_floor": dcmc["health@1"]["p50_ms"] / bare["health@1"]["p50_ms"],
+    }
+    return {
+        k: (v, TARGETS[k], v >= TARGETS[k] if k == "predict100_rps_share" else v <= TARGETS[k])
+        for k, v in values.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--artifacts", required=True, type=Path, help="an artifact written by `dcmc train`")
+    parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "dcmc-serve-floor")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of serve.md and the .jsonl")
+    parser.add_argument("--no-report", action="store_true", help="print only; write nothing to --results")
+    args = parser.parse_args(argv)
+    for tool in ("wrk", "redis-server"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} not found (Debian: apt-get install wrk redis-server)")
+    args.work.mkdir(parents=True, exist_ok=True)
+    art = args.artifacts
+    users = json.loads((art / "user_ids.json").read_text())
+    items = json.loads((art / "item_ids.json").read_text())
+    levels = [int(x) if float(x).is_integer() else float(x) for x in np.load(art / "levels.npy")]
+    inference = json.loads((art / "config.json").read_text())["inference"]["mode"]
+    record: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        scripts = {
+            "predict10": Path(tmp) / "predict10.lua",
+            "predict100": Path(tmp) / "predict100.lua",
+            "recommend": Path(tmp) / "recommend.lua",
+            "ratings": Path(tmp) / "ratings.lua",
+        }
+        scripts["predict10"].write_text(PREDICT_LUA % _lua_list(bodies(art, 10)))
+        scripts["predict100"].write_text(PREDICT_LUA % _lua_list(bodies(art, 100)))
+        scripts["recommend"].write_text(RECOMMEND_LUA % _lua_list(users))
+        scripts["ratings"].write_text(
+            RATINGS_LUA % (_lua_list(users), _lua_list(items), ",".join(map(str, levels)), TOKEN)
+        )
+        bare = Bare(args.workers).wait_ready()
+        try:
+            wrk(bare.url, "/health", 2, 2, None)
+            record["bare"] = {
+                f"health@{c}": wrk(bare.url, "/health", c, args.duration, None) for c in (1, 32)
+            }
+        finally:
+            bare.stop()
+        print(json.dumps({"bare": record["bare"]}), flush=True)
+        for key, env, writes in (("dcmc", {}, True), ("cold", {"DCMC_USER_CACHE_MB": "0"}, False)):
+            with Redis() as redis_server:
+                svc = Service(art, redis_server.url, "floor", args.workers, args.work / "serve.log", env)
+                try:
+                    svc.wait_ready()
+                    record[key] = measure_service(svc, scripts, args.duration, writes, users)
+                finally:
+                    svc.stop()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "service", "model"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    record.update(
+        written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        command="python benchmarks/serve_floor.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        commit=commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+        artifacts=str(art),
+        inference=inference,
+        workers=args.workers,
+        duration_s=args.duration,
+    )
+    record["targets"] = targets(record)
+    text = report(record)
+    print("\n" + text)
+    if not args.no_report:
+        args.results.mkdir(parents=True, exist_ok=True)
+        with open(args.results / "serve_floor.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        md = args.results / "serve.md"
+        old = (
+            md.read_text() if md.exists() else "# Serving benchmark: `dcmc serve` on the default artifacts\n"
+        )
+        title, _, rest = old.partition("\n")
+        md.write_text(f"{title}\n\n{text}\n{rest.lstrip()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

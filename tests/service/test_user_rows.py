@@ -1,0 +1,118 @@
+"""The per-user row cache (service.scoring.UserRows): admission on a second miss, the byte budget, a new
+model state emptying it, and answers equal to the uncached path's before and after online ratings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.scoring import UserRow, UserRows
+from tests.service.conftest import App, RedisServer
+
+TOKEN = "rows-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ITEMS = [f"i{j}" for j in range(0, 50, 3)]
+EXACT = {"mode": "exact", "kernel": {"co_rating": 50.0, "co_rating_user": 50.0, "same_item": 1.0}}
+
+
+@dataclass
+class FakeState:
+    applied: int
+
+
+def _row(n: int) -> UserRow:
+    return UserRow(np.zeros(n), np.zeros((n, 5)), np.zeros(n, dtype=bool))
+
+
+def test_a_user_is_admitted_on_the_second_miss_of_a_state() -> None:
+    rows, state = UserRows(10**6), FakeState(0)
+    assert not rows.admit(state, 7)  # type: ignore[arg-type]
+    assert rows.admit(state, 7)  # type: ignore[arg-type]
+    rows.put(state, 7, _row(10))  # type: ignore[arg-type]
+    assert rows.get(state, 7) is not None  # type: ignore[arg-type]
+    newer = FakeState(1)
+    assert rows.get(newer, 7) is None  # type: ignore[arg-type]
+    assert not rows.admit(newer, 7)  # type: ignore[arg-type]  # a new state: a first miss again
+    assert len(rows) == 0
+    rows.put(state, 8, _row(10))  # type: ignore[arg-type]  # a request still on the old state
+    assert len(rows) == 0 and rows.get(state, 8) is None  # type: ignore[arg-type]
+
+
+def test_the_byte_budget_drops_the_least_recently_used_rows() -> None:
+    one = _row(100).nbytes
+    rows, state = UserRows(3 * one), FakeState(0)
+    for user in range(3):
+        rows.put(state, user, _row(100))  # type: ignore[arg-type]
+    assert rows.get(state, 0) is not None  # type: ignore[arg-type]  # 0 is now the most recent
+    rows.put(state, 3, _row(100))  # type: ignore[arg-type]
+    assert len(rows) == 3
+    assert rows.get(state, 1) is None  # type: ignore[arg-type]
+    assert all(rows.get(state, u) is not None for u in (0, 2, 3))  # type: ignore[arg-type]
+    rows.put(state, 9, _row(400))  # type: ignore[arg-type]  # larger than the whole budget: not kept
+    assert rows.get(state, 9) is None  # type: ignore[arg-type]
+    off = UserRows(0)
+    assert not off.admit(state, 1) and not off.admit(state, 1)  # type: ignore[arg-type]
+
+
+@pytest.fixture()
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.kill()
+
+
+def _app(artifact: Path, server: RedisServer, **settings: Any) -> App:
+    return App(artifact, redis_url=server.url, write_token=TOKEN, inference=EXACT, **settings)
+
+
+def _predict(api: App, user: str) -> np.ndarray:
+    r = api.client.post("/predict", json={"user": user, "items": ITEMS, "distribution": True})
+    assert r.status_code == 200, r.text
+    return np.array([[p["rating"], *p["distribution"]] for p in r.json()["predictions"]])
+
+
+def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
+    tiny_artifact: Path, redis_server: RedisServer
+) -> None:
+    with (
+        _app(tiny_artifact, redis_server) as api,
+        _app(tiny_artifact, redis_server, user_cache_mb=0) as plain,
+    ):
+        first, second, third = (_predict(api, "u3") for _ in range(3))
+        assert api.metric("dcmc_user_rows_total", event="fill") == 1  # computed on the second request
+        assert api.metric("dcmc_user_rows_total", event="hit") == 1  # read on the third
+        reference = _predict(plain, "u3")
+        assert plain.metric("dcmc_user_rows_total", event="hit") == 0
+        for got in (first, second, third):
+            np.testing.assert_allclose(got, reference, rtol=0, atol=1e-9)
+        # Another user's rating moves every answer (the known field is global): the cached row must go.
+        r = api.client.post(
+            "/ratings",
+            json={"ratings": [{"user": "u9", "item": item, "rating": 1} for item in ITEMS[:5]]},
+            headers=AUTH,
+        )
+        assert r.status_code == 200, r.text
+        after = _predict(api, "u3")
+        assert np.abs(after - third).max() > 1e-6
+        assert api.metric("dcmc_user_rows_total", event="hit") == 1  # not answered from the old row
+        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]  # its stream reader
+        np.testing.assert_allclose(after, _predict(plain, "u3"), rtol=0, atol=1e-9)
+        _predict(api, "u3")
+        np.testing.assert_allclose(_predict(api, "u3"), after, rtol=0, atol=1e-9)
+        assert api.metric("dcmc_user_rows_total", event="hit") == 2
+
+
+def test_recommend_fills_the_row_that_predict_reads(tiny_artifact: Path, redis_server: RedisServer) -> None:
+    with _app(tiny_artifact, redis_server) as api:
+        r = api.client.get("/recommend/u4", params={"k": 5})
+        assert r.status_code == 200, r.text
+        assert api.metric("dcmc_user_rows_total", event="fill") == 1
+        rated = {i["item"]: i["rating"] for i in r.json()["recommendations"]}
+        got = api.client.post("/predict", json={"user": "u4", "items": list(rated)}).json()["predictions"]
+        assert api.metric("dcmc_user_rows_total", event="hit") == 1
+        assert [p["rating"] for p in got] == pytest.approx(list(rated.values()), abs=1e-12)
