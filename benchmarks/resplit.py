@@ -112,7 +112,9 @@ def summarise(records: list[dict[str, Any]], command: str) -> str:
     lines = [
         "# Random re-splits: the default pipeline against Surprise",
         "",
-        f"- command: `{command}`; written {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- command of the last invocation: `{command}` (each invocation runs the splits not yet in"
+        " resplit.jsonl and rebuilds this file from all of them); written"
+        f" {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         "- runs recorded at: " + ", ".join(f"`{c}`" for c in sorted({str(r.get("commit")) for r in records})),
         "- each split: the dataset's pooled standard split re-split at random (seeded) with the standard"
         " test size; DCMC = `dcmc train` default preset with the automatic inference selection, then"
