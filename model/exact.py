@@ -226,8 +226,13 @@ def check_co_rating_size(count: int, what: str = "items") -> None:
 @dataclass(frozen=True)
 class CoRatingGram:
     """What every co-rating table of one set of ratings is made of, whatever its exponent and shrinkage:
-    the adjusted cosines of the columns (m, m) and the counts of rows that rated both (m, m)."""
+    where the adjusted cosine of two columns is positive (the only pairs a table can weigh: max(0, .)),
+    that cosine and the count of rows that rated both. A table then costs its positive pairs (3% of
+    Flixster's item pairs, 18% of Douban's), not m^2 powers."""
 
+    m: int
+    index: IntArray
+    """Flat positions (j * m + j') of the pairs with a positive cosine, ascending."""
     cosine: FloatArray
     co: FloatArray
 
@@ -238,25 +243,28 @@ class CoRatingGram:
         """The gram of the columns of the n x m matrix (rows, cols, values), each row's mean removed."""
         check_co_rating_size(m, what)
         mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(np.bincount(rows, minlength=n), 1)
-        rated = np.zeros((n, m))
-        rated[rows, cols] = 1.0
         centred = np.zeros((n, m))
         centred[rows, cols] = values - mean[rows]
         norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
-        co = rated.T @ rated  # (m, m) rows that rated both
-        del rated
         cosine = centred.T @ centred
         del centred
         cosine /= np.maximum(np.outer(norms, norms), 1e-12)
-        return cls(cosine, co)
+        index = np.flatnonzero(cosine > 0)
+        positive = cosine.ravel()[index]
+        del cosine
+        rated = np.zeros((n, m))
+        rated[rows, cols] = 1.0
+        co = (rated.T @ rated).ravel()[index]  # rows that rated both
+        return cls(m, index, positive, co)
 
     def table(self, power: float, shrink: float) -> FloatArray:
         """w = max(0, cosine x co / (co + shrink))^power: (m, m)."""
         w = self.co / (self.co + shrink)
         w *= self.cosine
-        np.maximum(w, 0.0, out=w)
         np.power(w, power, out=w)
-        return w
+        out = np.zeros(self.m * self.m)
+        out[self.index] = w
+        return out.reshape(self.m, self.m)
 
 
 def co_rating_affinity(
