@@ -69,7 +69,9 @@ def report(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "- each artifact searched again (a copy) with this code: trials and seed of its own record;"
         " `search s` = the search (`tuning.json` seconds), `+ write s` = with rewriting the artifact"
         " (the known field over every known rating); `train s` = the network's training"
-        " (`metrics.json`), without the search",
+        " (`metrics.json`), without the search, as that run measured it (benchmarks/resplit.py runs two"
+        " side by side, so its training may have been slower than alone, and the share against a run"
+        " alone higher)",
         "",
         "| artifact | trials | search s | + write s | train s | search / train | recorded search s "
         "| same choice (trial, val RMSE) |",

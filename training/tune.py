@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 TUNING = "tuning.json"
 
 DEFAULT_TRIALS = 100
-"""Trials of a search unless told otherwise (the cost per dataset is in docs/training.md)."""
+"""Trials of a search unless told otherwise (the cost per dataset: docs/inference.md, tune_cost.md)."""
 
 MIN_VALIDATION = 100
 """Fewest validation ratings a search accepts: below that its RMSE is mostly noise."""
