@@ -995,35 +995,27 @@ class ExactScorer:
         if tables is not None:
             items = _grown(tables.affinity, net.n_items)
             users = _grown(tables.user_affinity, net.n_users)
-            return Lines(
-                k.same_user,
-                k.same_item,
-                known,
-                k.co_rating,
-                items,
-                k.co_rating_prior,
-                k.co_rating_user,
-                users,
-            )
-        items = users = None
-        if self.parts is not None:
-            if k.co_rating > 0:
-                items = self.parts.table("items", k.co_rating_power, k.co_rating_shrink)
-            if k.co_rating_user > 0:
-                users = self.parts.table("users", k.co_rating_power, k.co_rating_shrink)
-        elif k.co_rating > 0:
-            items = co_rating_affinity(
-                known.rows, known.cols, known.values, net.n_users, net.n_items,
-                k.co_rating_power, k.co_rating_shrink,
-            )  # fmt: skip
-        if k.co_rating_user > 0 and self.parts is None:
-            users = co_rating_affinity(
-                known.cols, known.rows, known.values, net.n_items, net.n_users,
-                k.co_rating_power, k.co_rating_shrink, what="users",
-            )  # fmt: skip
+        else:
+            items = self._table("items") if k.co_rating > 0 else None
+            users = self._table("users") if k.co_rating_user > 0 else None
         return Lines(
             k.same_user, k.same_item, known, k.co_rating, items, k.co_rating_prior, k.co_rating_user, users
         )
+
+    def _table(self, what: str) -> FloatArray:
+        """The co-rating table of the items or the users (`co_rating_affinity`), from `parts` when given."""
+        k, known, net = self.kernel, self.known, self.network
+        if self.parts is not None:
+            return self.parts.table(what, k.co_rating_power, k.co_rating_shrink)
+        if what == "items":
+            return co_rating_affinity(
+                known.rows, known.cols, known.values, net.n_users, net.n_items,
+                k.co_rating_power, k.co_rating_shrink,
+            )  # fmt: skip
+        return co_rating_affinity(
+            known.cols, known.rows, known.values, net.n_items, net.n_users,
+            k.co_rating_power, k.co_rating_shrink, what="users",
+        )  # fmt: skip
 
     def _known_field(self, scale: float) -> KnownField:
         known, net = self.known, self.network
