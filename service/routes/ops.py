@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 from service.deps import MetricsDep
 from service.schemas import Health, Ready
@@ -24,7 +25,9 @@ async def health(request: Request) -> Response:
     scorer = getattr(request.app.state, "scorer", None)
     if scorer is None:
         return _json(Health(status="starting", model_version=None, redis="unknown"))
-    redis = scorer.redis_state()
+    # While Redis fails, redis_state() probes it (a blocking call, at most once per retry): off the loop.
+    failing = scorer.follower is not None and not scorer.follower.healthy
+    redis = await run_in_threadpool(scorer.redis_state) if failing else scorer.redis_state()
     settings = request.app.state.settings
     if scorer.ratings is None:
         writes = "off: no Redis (REDIS_URL)"

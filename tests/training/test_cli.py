@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -273,6 +274,8 @@ def test_demo_trains_with_the_search_on(tmp_path: Path, monkeypatch: pytest.Monk
 
     calls: list[dict[str, object]] = []
     monkeypatch.setattr(training.pipeline, "run_training", lambda *a, **k: calls.append({"args": a, **k}))
+    for var in ("DCMC_WRITE_TOKEN", "REDIS_URL", "DCMC_REDIS_KEY_PREFIX"):  # the demo sets them: undone after
+        monkeypatch.setenv(var, os.environ.get(var, ""))
     assert cli_main(["demo", "--no-serve", "--out", str(tmp_path / "demo")]) == 0
     (call,) = calls
     assert call.get("preset_name", "default") == "default" and call.get("tune", True) is True
