@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -124,6 +125,12 @@ class FoldIn:
         None."""
         j = self._item_index.get(item)
         return j if j is not None and j < len(self.state.embedded) else None
+
+    def item_indices(self, items: Sequence[str]) -> IntArray:
+        """`item_index` of each id, -1 where it is None: (K,) int64."""
+        found = np.fromiter(map(self._item_index.get, items, repeat(-1)), dtype=np.int64, count=len(items))
+        found[found >= len(self.state.embedded)] = -1
+        return found
 
     def item_id(self, index: int) -> str:
         """The external id of an item index."""

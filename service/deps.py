@@ -18,11 +18,17 @@ async def _settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-async def _scorer(request: Request) -> Scorer:
+def scorer_of(request: Request) -> Scorer:
+    """The app's scorer, or a 503 while it loads. Hot routes call it directly: a FastAPI dependency costs
+    a resolution per request."""
     scorer = getattr(request.app.state, "scorer", None)
     if scorer is None:
         raise HTTPException(status_code=503, detail="the model is not loaded yet")
     return scorer  # type: ignore[no-any-return]
+
+
+async def _scorer(request: Request) -> Scorer:
+    return scorer_of(request)
 
 
 async def _metrics(request: Request) -> Metrics:

@@ -78,6 +78,7 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}  # labels() once per label set
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,5 +99,10 @@ class MetricsMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"  # bounded label values
             method = scope.get("method", "")
-            self.metrics.requests.labels(template, method, str(status)).inc()
-            self.metrics.latency.labels(template, method).observe(time.perf_counter() - start)
+            key = (template, method, str(status))
+            children = self._children.get(key)
+            if children is None:
+                children = self.metrics.requests.labels(*key), self.metrics.latency.labels(template, method)
+                self._children[key] = children
+            children[0].inc()
+            children[1].observe(time.perf_counter() - start)

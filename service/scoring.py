@@ -152,6 +152,7 @@ class Scorer:
         # A query's answer depends on its own entry only in `none` and `exact` (the `paper` mode's blocks
         # couple the queries asked together), so only those can answer from a user's cached row.
         self.rows = UserRows(int(settings.user_cache_mb * 2**20) if self.inference.mode != "paper" else 0)
+        self._row_hit, self._row_fill = metrics.user_rows.labels("hit"), metrics.user_rows.labels("fill")
         # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
         start = time.perf_counter()
         self.fold = FoldIn(artifact, self.inference, self._embed_rows, self._embed_cols)
@@ -256,11 +257,11 @@ class Scorer:
     def item_indices(self, items: Sequence[str]) -> np.ndarray:
         """Internal indices of external item ids: the artifact's items, then those first rated online
         (UnknownIdError listing every unknown one, in request order)."""
-        found = [self.fold.item_index(item) for item in items]
-        missing = [item for item, j in zip(items, found, strict=True) if j is None]
-        if missing:
+        found = self.fold.item_indices(items)
+        if (found < 0).any():
+            missing = [items[int(k)] for k in np.flatnonzero(found < 0)]
             raise UnknownIdError("item", list(dict.fromkeys(missing)))
-        return np.array(found, dtype=np.int64)
+        return found
 
     def item_id(self, index: int) -> str:
         """The external id of an item index."""
@@ -295,9 +296,9 @@ class Scorer:
         row = self.rows.get(state, user)
         if row is None and self.rows.admit(state, user):
             row = self._row(state, user)
-            self.metrics.user_rows.labels("fill").inc()
+            self._row_fill.inc()
         elif row is not None:
-            self.metrics.user_rows.labels("hit").inc()
+            self._row_hit.inc()
         if row is not None:
             return row.ratings[items], row.dist[items], row.fallback[items]
         return self._predict(state, user, items)
@@ -308,9 +309,9 @@ class Scorer:
         row = self.rows.get(state, user)
         if row is None:
             row = self._row(state, user)
-            self.metrics.user_rows.labels("fill").inc()
+            self._row_fill.inc()
         else:
-            self.metrics.user_rows.labels("hit").inc()
+            self._row_hit.inc()
         return row.ratings
 
     def _row(self, state: OnlineState, user: int) -> UserRow:

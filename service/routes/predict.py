@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
-from service.deps import ScorerDep, SettingsDep
+from service.deps import scorer_of
 from service.errors import too_long
 from service.schemas import PredictRequest, PredictResponse
+from service.scoring import Scorer
+from service.settings import Settings
 
 router = APIRouter(tags=["predictions"])
 
@@ -24,12 +26,23 @@ router = APIRouter(tags=["predictions"])
         422: {"description": "Empty, oversized or mistyped request"},
     },
 )
-async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep) -> Response:
+async def predict(body: PredictRequest, request: Request) -> Response:
     """Predict the ratings of `items` by `user`, in request order.
 
     A pair the user already rated in the training data is predicted like any other query (the known
     rating is not echoed back).
     """
+    scorer, settings = scorer_of(request), request.app.state.settings
+    if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
+        payload = await run_in_threadpool(answer, scorer, settings, body)
+    else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
+        payload = answer(scorer, settings, body)
+    return Response(payload, media_type="application/json")
+
+
+def answer(scorer: Scorer, settings: Settings, body: PredictRequest) -> bytes:
+    """The JSON of POST /predict's 200 for a parsed body; HTTPException for an oversized request (422) or
+    unknown ids (404, all listed). The route and its fast path (service/fastpath.py) both answer with it."""
     if len(body.items) > settings.max_items:
         raise too_long("items", len(body.items), settings.max_items, "DCMC_MAX_ITEMS", "ids")
     unknown: dict[str, list[str]] = {}
@@ -49,22 +62,19 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
             for kind, ids in unknown.items()
         ]
         raise HTTPException(status_code=404, detail={"msg": "; ".join(parts), **unknown})
-    if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
-        ratings, dist, fallback = await run_in_threadpool(scorer.predict, user_idx, items_idx)
-    else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
-        ratings, dist, fallback = scorer.predict(user_idx, items_idx)
+    ratings, dist, fallback = scorer.predict(user_idx, items_idx)
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.
     if body.distribution:
         predictions = [
-            {"item": item, "rating": float(r), "distribution": d.tolist()}
-            for item, r, d in zip(body.items, ratings, dist, strict=True)
+            {"item": item, "rating": r, "distribution": d}
+            for item, r, d in zip(body.items, ratings.tolist(), dist.tolist(), strict=True)
         ]
     else:
         predictions = [
-            {"item": item, "rating": float(r)} for item, r in zip(body.items, ratings, strict=True)
+            {"item": item, "rating": r} for item, r in zip(body.items, ratings.tolist(), strict=True)
         ]
-    for k in np.flatnonzero(fallback):  # a new item the network cannot embed yet
+    for k in np.flatnonzero(fallback).tolist():  # a new item the network cannot embed yet
         predictions[k]["fallback"] = "baseline"
     payload = {
         "user": body.user,
@@ -73,4 +83,4 @@ async def predict(body: PredictRequest, scorer: ScorerDep, settings: SettingsDep
         "online_ratings": scorer.online_count(user_idx),
         "predictions": predictions,
     }
-    return Response(orjson.dumps(payload), media_type="application/json")
+    return orjson.dumps(payload)

@@ -1,0 +1,148 @@
+"""POST /predict's fast path (service/fastpath.py): it answers well-formed requests itself, byte for byte
+as the FastAPI route would, and hands everything else to the route with the body intact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from service.fastpath import FastPredict, StringIds
+from service.routes.predict import answer
+from service.schemas import PredictRequest
+from tests.service.conftest import App
+
+ITEMS = ["i1", "i2", "i30"]
+
+
+def _call(fast: FastPredict, body: bytes, content_type: bytes | None = b"application/json") -> list[Any]:
+    """One POST /predict through `fast`: the messages it sent."""
+    headers = [(b"content-type", content_type)] if content_type is not None else []
+    scope = {"type": "http", "method": "POST", "path": "/predict", "headers": headers}
+    chunks = [body[:5], body[5:]]  # a body in two messages, as a server may deliver it
+
+    async def receive() -> dict[str, Any]:
+        chunk = chunks.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    sent: list[Any] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(fast(scope, receive, send))
+    return sent
+
+
+class Downstream:
+    """Stands for the FastAPI app behind the fast path: records what reaches it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        message = await receive()
+        self.bodies.append(message["body"])
+        await send({"type": "http.response.start", "status": 599, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.fixture(scope="module")
+def exact_app(tiny_artifact: Path) -> Any:
+    with App(tiny_artifact, inference={"mode": "exact", "kernel": {"co_rating": 50.0}}) as api:
+        yield api
+
+
+def test_a_well_formed_request_is_answered_without_the_route(exact_app: App) -> None:
+    state = exact_app.client.app.state  # type: ignore[attr-defined]
+    down = Downstream()
+    body = {"user": "u2", "items": ITEMS, "distribution": True}
+    sent = _call(FastPredict(down, state), json.dumps(body).encode())
+    assert down.bodies == []
+    assert sent[0]["status"] == 200
+    assert sent[1]["body"] == answer(state.scorer, state.settings, PredictRequest.model_validate(body))
+    # and through the whole app, the same answer as the route gives (the route: a `+json` type it reads)
+    counted = exact_app.metric("dcmc_http_requests_total", route="/predict", method="POST", status="200")
+    via_http = exact_app.client.post("/predict", json=body).json()
+    assert (
+        exact_app.metric("dcmc_http_requests_total", route="/predict", method="POST", status="200")
+        == counted + 1
+    )
+    assert via_http == orjson.loads(sent[1]["body"])
+    assert sent[0]["headers"] == [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(sent[1]["body"])).encode()),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b'{"user": "u2", "items": ["i1"]', b"application/json"),  # invalid JSON
+        (b'{"user": "u2", "items": ["i1", "nope"]}', b"application/json"),  # an unknown item
+        (b'{"user": "nobody", "items": ["i1"]}', b"application/json"),  # an unknown user
+        (b'{"user": "u2", "items": []}', b"application/json"),  # too short
+        (b'{"user": "u2", "items": ["i1"], "x": 1}', b"application/json"),  # an extra field
+        (b'{"user": "u2", "items": ["i1"]}', b"text/plain"),  # not a JSON content type
+        (b'{"user": "u2", "items": [1, "i2"]}', b"application/json"),  # an integer id: the route's
+    ],
+)
+def test_anything_else_reaches_the_route_with_its_body(
+    exact_app: App, body: bytes, content_type: bytes
+) -> None:
+    down = Downstream()
+    sent = _call(FastPredict(down, exact_app.client.app.state), body, content_type)  # type: ignore[attr-defined]
+    assert down.bodies == [body]
+    assert sent[0]["status"] == 599
+
+
+def test_the_route_words_the_errors_and_reads_json_content_types(exact_app: App) -> None:
+    ok = {"user": "u2", "items": ITEMS}
+    r = exact_app.client.post("/predict", content=json.dumps(ok), headers={"content-type": "text/plain"})
+    assert r.status_code == 422  # as FastAPI: a body that is not declared JSON is not read as JSON
+    r = exact_app.client.post(
+        "/predict",
+        content=json.dumps(ok),
+        headers={"content-type": "application/vnd.api+json; charset=utf-8"},
+    )
+    assert r.status_code == 200 and len(r.json()["predictions"]) == 3
+    r = exact_app.client.post("/predict", json={"user": "u2", "items": ["i1", "nope"]})
+    assert r.status_code == 404 and r.json()["detail"]["unknown_items"] == ["nope"]
+
+
+_ID = st.one_of(
+    st.text(max_size=300),
+    st.integers(min_value=-(10**300), max_value=10**300),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.just("x" * 256),
+    st.just("x" * 257),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {"user": _ID, "items": st.lists(_ID, max_size=4)},
+        optional={
+            "distribution": st.one_of(st.booleans(), st.integers(-1, 2), st.text(max_size=5)),
+            "x": _ID,
+        },
+    )
+)
+def test_string_ids_accept_only_what_the_route_accepts_with_the_same_values(body: dict[str, Any]) -> None:
+    raw = json.dumps(body).encode()
+    try:
+        fast = StringIds.model_validate_json(raw)
+    except ValidationError:
+        return
+    full = PredictRequest.model_validate(json.loads(raw))  # as FastAPI reads it; raises if it disagrees
+    assert (fast.user, fast.items, fast.distribution) == (full.user, full.items, full.distribution)
