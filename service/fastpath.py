@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from service.metrics import ASGIApp, Message, Receive, Scope, Send
 from service.routes.predict import answer
-from service.schemas import MAX_ID_LENGTH, PredictRequest
+from service.schemas import MAX_ID_LENGTH
 
 _StringId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_LENGTH)]
 
@@ -65,10 +65,7 @@ class FastPredict:
         if scorer is not None and scorer.inference.mode != "paper" and _json(scope):
             try:
                 ids = StringIds.model_validate_json(raw)
-                body = PredictRequest.model_construct(
-                    user=ids.user, items=ids.items, distribution=ids.distribution
-                )
-                payload = answer(scorer, self.state.settings, body)
+                payload = answer(scorer, self.state.settings, ids.user, ids.items, ids.distribution)
             except (ValidationError, HTTPException):
                 payload = None
         if payload is None:

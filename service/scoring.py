@@ -65,6 +65,7 @@ class UserRow:
     """(items, p) label distributions."""
     fallback: np.ndarray
     """(items,) bool: answered by the bias baseline (an item without an embedding yet)."""
+    any_fallback: bool
 
     @property
     def nbytes(self) -> int:
@@ -288,10 +289,13 @@ class Scorer:
         online = np.fromiter(self.fold.online_items(user), dtype=np.int64)
         return np.union1d(known.cols[known.by_row.of(user)], online)
 
-    def predict(self, user: int, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Expected ratings (K,), label distributions (K, p) of (user, items[k]), and which of them come
-        from the bias baseline (new items not embedded yet) rather than the model: (K,) bool. From the
-        user's cached row when there is one (`UserRows`): the same numbers to rounding."""
+    def predict(
+        self, user: int, items: np.ndarray, distributions: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Expected ratings (K,), label distributions (K, p) of (user, items[k]) (None when not
+        `distributions` and read from a cached row), and which of them come from the bias baseline (new
+        items not embedded yet) rather than the model: (K,) bool. From the user's cached row when there is
+        one (`UserRows`): the same numbers to rounding."""
         state = self.fold.state  # one consistent model for the whole request
         row = self.rows.get(state, user)
         if row is None and self.rows.admit(state, user):
@@ -299,9 +303,11 @@ class Scorer:
             self._row_fill.inc()
         elif row is not None:
             self._row_hit.inc()
-        if row is not None:
-            return row.ratings[items], row.dist[items], row.fallback[items]
-        return self._predict(state, user, items)
+        if row is None:
+            return self._predict(state, user, items)
+        # Each gather from a row is a cache miss per item (rows outgrow the CPU's caches): only what is read.
+        fallback = row.fallback[items] if row.any_fallback else np.zeros(len(items), dtype=bool)
+        return row.ratings[items], row.dist[items] if distributions else None, fallback
 
     def row(self, user: int) -> np.ndarray:
         """The user's expected ratings over every item (cached: `UserRows`); read-only."""
@@ -318,7 +324,7 @@ class Scorer:
         ratings, dist, fallback = self._predict(state, user, np.arange(state.known.n_items, dtype=np.int64))
         for a in (ratings, dist, fallback):
             a.flags.writeable = False
-        row = UserRow(ratings, dist, fallback)
+        row = UserRow(ratings, dist, fallback, bool(fallback.any()))
         self.rows.put(state, user, row)
         return row
 

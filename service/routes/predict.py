@@ -34,25 +34,26 @@ async def predict(body: PredictRequest, request: Request) -> Response:
     """
     scorer, settings = scorer_of(request), request.app.state.settings
     if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
-        payload = await run_in_threadpool(answer, scorer, settings, body)
+        payload = await run_in_threadpool(answer, scorer, settings, body.user, body.items, body.distribution)
     else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
-        payload = answer(scorer, settings, body)
+        payload = answer(scorer, settings, body.user, body.items, body.distribution)
     return Response(payload, media_type="application/json")
 
 
-def answer(scorer: Scorer, settings: Settings, body: PredictRequest) -> bytes:
-    """The JSON of POST /predict's 200 for a parsed body; HTTPException for an oversized request (422) or
-    unknown ids (404, all listed). The route and its fast path (service/fastpath.py) both answer with it."""
-    if len(body.items) > settings.max_items:
-        raise too_long("items", len(body.items), settings.max_items, "DCMC_MAX_ITEMS", "ids")
+def answer(scorer: Scorer, settings: Settings, user: str, items: list[str], distribution: bool) -> bytes:
+    """The JSON of POST /predict's 200 for a parsed body (`PredictRequest`'s fields); HTTPException for an
+    oversized request (422) or unknown ids (404, all listed). The route and its fast path
+    (service/fastpath.py) both answer with it."""
+    if len(items) > settings.max_items:
+        raise too_long("items", len(items), settings.max_items, "DCMC_MAX_ITEMS", "ids")
     unknown: dict[str, list[str]] = {}
     user_idx = items_idx = None
     try:
-        user_idx = scorer.user_index(body.user)  # the artifact's users and those that arrived online
+        user_idx = scorer.user_index(user)  # the artifact's users and those that arrived online
     except UnknownIdError as exc:
         unknown["unknown_users"] = exc.missing
     try:
-        items_idx = scorer.item_indices(body.items)  # the artifact's items and those first rated online
+        items_idx = scorer.item_indices(items)  # the artifact's items and those first rated online
     except UnknownIdError as exc:
         unknown["unknown_items"] = exc.missing
     if user_idx is None or items_idx is None:
@@ -62,22 +63,21 @@ def answer(scorer: Scorer, settings: Settings, body: PredictRequest) -> bytes:
             for kind, ids in unknown.items()
         ]
         raise HTTPException(status_code=404, detail={"msg": "; ".join(parts), **unknown})
-    ratings, dist, fallback = scorer.predict(user_idx, items_idx)
+    ratings, dist, fallback = scorer.predict(user_idx, items_idx, distribution)
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.
-    if body.distribution:
+    if distribution:
+        assert dist is not None
         predictions = [
             {"item": item, "rating": r, "distribution": d}
-            for item, r, d in zip(body.items, ratings.tolist(), dist.tolist(), strict=True)
+            for item, r, d in zip(items, ratings.tolist(), dist.tolist(), strict=True)
         ]
     else:
-        predictions = [
-            {"item": item, "rating": r} for item, r in zip(body.items, ratings.tolist(), strict=True)
-        ]
+        predictions = [{"item": item, "rating": r} for item, r in zip(items, ratings.tolist(), strict=True)]
     for k in np.flatnonzero(fallback).tolist():  # a new item the network cannot embed yet
         predictions[k]["fallback"] = "baseline"
     payload = {
-        "user": body.user,
+        "user": user,
         "model_version": scorer.version,
         "inference": scorer.inference.mode,
         "online_ratings": scorer.online_count(user_idx),

@@ -26,7 +26,7 @@ class FakeState:
 
 
 def _row(n: int) -> UserRow:
-    return UserRow(np.zeros(n), np.zeros((n, 5)), np.zeros(n, dtype=bool))
+    return UserRow(np.zeros(n), np.zeros((n, 5)), np.zeros(n, dtype=bool), False)
 
 
 def test_a_user_is_admitted_on_the_second_miss_of_a_state() -> None:
@@ -116,3 +116,22 @@ def test_recommend_fills_the_row_that_predict_reads(tiny_artifact: Path, redis_s
         got = api.client.post("/predict", json={"user": "u4", "items": list(rated)}).json()["predictions"]
         assert api.metric("dcmc_user_rows_total", event="hit") == 1
         assert [p["rating"] for p in got] == pytest.approx(list(rated.values()), abs=1e-12)
+
+
+def test_a_cached_row_keeps_the_baseline_of_a_new_item(
+    tiny_artifact: Path, redis_server: RedisServer
+) -> None:
+    with _app(tiny_artifact, redis_server) as api:
+        r = api.client.post(
+            "/ratings", json={"ratings": [{"user": "stranger", "item": "fresh", "rating": 5}]}, headers=AUTH
+        )
+        assert r.status_code == 200, r.text
+        answers = [
+            api.client.post("/predict", json={"user": "u5", "items": ["i1", "fresh"]}).json()["predictions"]
+            for _ in range(3)
+        ]
+        assert api.metric("dcmc_user_rows_total", event="hit") == 1  # the third came from the row
+        for first, fresh in answers:
+            assert "fallback" not in first and fresh["fallback"] == "baseline"
+        ratings = [[p["rating"] for p in a] for a in answers]
+        np.testing.assert_allclose(ratings[2], ratings[0], rtol=0, atol=1e-9)
