@@ -78,14 +78,15 @@ class FastPredict:
 
 
 def _json(scope: Scope) -> bool:
-    """Whether the request's content type is one FastAPI reads as JSON (none, application/json, +json)."""
+    """Whether FastAPI reads the request's body as JSON: application/json or application/*+json. Not
+    without a content type (FastAPI's strict content type, against cross-site requests)."""
     for name, value in scope["headers"]:
         if name == b"content-type":
             kind: bytes = value.split(b";", 1)[0].strip().lower()
             return kind == b"application/json" or (
                 kind.startswith(b"application/") and kind.endswith(b"+json")
             )
-    return True
+    return False
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -91,6 +91,7 @@ def test_a_well_formed_request_is_answered_without_the_route(exact_app: App) -> 
         (b'{"user": "u2", "items": []}', b"application/json"),  # too short
         (b'{"user": "u2", "items": ["i1"], "x": 1}', b"application/json"),  # an extra field
         (b'{"user": "u2", "items": ["i1"]}', b"text/plain"),  # not a JSON content type
+        (b'{"user": "u2", "items": ["i1"]}', None),  # no content type: FastAPI does not read it as JSON
         (b'{"user": "u2", "items": [1, "i2"]}', b"application/json"),  # an integer id: the route's
     ],
 )
@@ -107,6 +108,7 @@ def test_the_route_words_the_errors_and_reads_json_content_types(exact_app: App)
     ok = {"user": "u2", "items": ITEMS}
     r = exact_app.client.post("/predict", content=json.dumps(ok), headers={"content-type": "text/plain"})
     assert r.status_code == 422  # as FastAPI: a body that is not declared JSON is not read as JSON
+    assert exact_app.client.post("/predict", content=json.dumps(ok)).status_code == 422  # nor one without
     r = exact_app.client.post(
         "/predict",
         content=json.dumps(ok),
