@@ -279,3 +279,23 @@ def load_artifact(directory: str | Path) -> Artifact:
         bilinear=bilinear,
         known_field=field,
     )
+
+
+def publish(directory: str | Path, link: str | Path) -> str:
+    """Point the symlink `link` (e.g. ARTIFACTS/current, what `dcmc serve` serves and polls) at the
+    artifact `directory`, atomically: a new symlink renamed over the old one, so a reader sees either the
+    old target or the new one. The artifact is verified first (ArtifactError: nothing changes); the link
+    is relative when both sit in one folder (it survives a volume mounted elsewhere). Returns the model
+    version now published."""
+    directory, link = Path(directory), Path(link)
+    version = str(load_artifact(directory).model_version)
+    if link.exists() and not link.is_symlink():
+        raise ArtifactError(f"{link} exists and is not a symlink: move it aside, then publish")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(directory.resolve(), link.parent.resolve())
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    return version

@@ -6,6 +6,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from model.artifact import load_artifact
 from service.fastpath import FastPredict
 from service.metrics import Metrics, MetricsMiddleware
+from service.reload import Reloader
 from service.routes import items, ops, predict, ratings, recommend, users
 from service.scoring import Scorer
 from service.settings import Settings, get_settings
@@ -24,9 +26,10 @@ from service.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 
-def _load(settings: Settings, metrics: Metrics) -> Scorer:
-    """Verify and load the artifact, precompute, and replay the online ratings (runs in a thread)."""
-    artifact = load_artifact(settings.artifacts)  # ArtifactError stops start-up
+def _load(settings: Settings, metrics: Metrics, path: Path | None = None) -> Scorer:
+    """Verify and load the artifact (at `path`, default the served one), precompute, replay the online
+    ratings and follow them (runs in a thread)."""
+    artifact = load_artifact(path or settings.artifacts)  # ArtifactError stops start-up
     scorer = Scorer(artifact, settings, metrics)
     scorer.start()
     return scorer
@@ -56,9 +59,15 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.scorer = await run_in_threadpool(_load, settings, metrics)
+        reloader = Reloader(
+            app.state, settings.artifacts, settings.reload_poll_s, lambda path: _load(settings, metrics, path)
+        )
+        app.state.reloader = reloader
+        reloader.start()
         try:
             yield
         finally:
+            reloader.stop()
             app.state.scorer.close()
             app.state.scorer = None
 

@@ -139,6 +139,12 @@ class Health(BaseModel):
     )
     writes: str | None = Field(default=None, description="`enabled`, or why POST /ratings is off.")
     online_ratings: int | None = Field(default=None, description="Online ratings this worker has applied.")
+    loading_model_version: str | None = Field(
+        default=None, description="A new artifact's model version while this worker loads it (hot reload)."
+    )
+    reload_error: str | None = Field(
+        default=None, description="Why the last new artifact was refused (the old model kept serving)."
+    )
 
 
 class Ready(BaseModel):

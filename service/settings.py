@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     def _empty_token_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
+    reload_poll_s: float = Field(default=5.0, ge=0)
+    """How often each worker checks the artifact behind `artifacts` (e.g. the symlink ARTIFACTS/current)
+    for a new model version and swaps it in (service/reload.py); 0 = never."""
     max_ratings: PositiveInt = 1000
     """Largest `ratings` batch accepted by POST /ratings."""
     max_items: PositiveInt = 1000

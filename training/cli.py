@@ -107,6 +107,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from model.artifact import publish
+
+    version = publish(args.artifacts, args.link)
+    print(json.dumps({"published": str(args.artifacts), "link": str(args.link), "model_version": version}))
+    return 0
+
+
 def _cmd_download(args: argparse.Namespace) -> int:
     from training.download import download
 
@@ -262,6 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--seed", type=int, default=0, help="seed of the TPE sampler (default 0)")
     tu.add_argument("--no-progress", action="store_true", help="no progress bar")
     tu.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser(
+        "publish",
+        help="verify an artifact and point a symlink (what `dcmc serve` serves) at it atomically; "
+        "running services swap it in (hot reload)",
+    )
+    p.add_argument("--artifacts", required=True, help="the artifact to publish")
+    p.add_argument("--link", required=True, help="the symlink to repoint, e.g. artifacts/current")
+    p.set_defaults(func=_cmd_publish)
 
     e = sub.add_parser(
         "evaluate", help="RMSE/MAE of an artifact on its test (or validation) split (one JSON line)"

@@ -41,6 +41,9 @@ async def health(request: Request) -> Response:
         writes=writes,
         online_ratings=scorer.fold.state.applied,
     )
+    reloader = request.app.state.reloader
+    if reloader is not None:
+        health.loading_model_version, health.reload_error = reloader.loading, reloader.last_error
     return _json(health)
 
 

@@ -79,6 +79,8 @@ def test_ops_routes(over: str, app: App, service: Service) -> None:
         "durable": False,  # the shared test Redis keeps nothing on disk
         "writes": "off: no DCMC_WRITE_TOKEN",
         "online_ratings": 0,
+        "loading_model_version": None,
+        "reload_error": None,
     }
     assert api.client.get("/docs").status_code == 200
     assert "/predict" in api.client.get("/openapi.json").json()["paths"]
