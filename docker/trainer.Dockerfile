@@ -9,4 +9,4 @@ COPY service ./service
 COPY training ./training
 RUN pip install ".[train]"
 ENTRYPOINT ["/app/docker/train-if-missing.sh"]
-COPY docker/train-if-missing.sh ./docker/train-if-missing.sh
+COPY docker/train-if-missing.sh docker/retrain-loop.sh ./docker/

@@ -68,6 +68,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
     if not distributed or int(os.environ.get("RANK", "0")) == 0:
         summary = {k: v for k, v in metrics.items() if k != "history"}
+        if args.publish:
+            from model.artifact import publish
+
+            summary["published"] = {"link": args.publish, "model_version": publish(args.out, args.publish)}
         print(json.dumps({"artifacts": str(args.out), **summary}))
     return 0
 
@@ -258,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--tune-trials", type=int, help=f"trials of the search (default {DEFAULT_TRIALS})")
     t.add_argument("--tune-timeout", type=float, help="stop the search after this many seconds")
+    t.add_argument(
+        "--publish",
+        metavar="LINK",
+        help="then point the symlink LINK (what `dcmc serve` serves, e.g. artifacts/current) at OUT, "
+        "atomically: running services swap the new model in (`dcmc publish`)",
+    )
     t.set_defaults(func=_cmd_train)
 
     tu = sub.add_parser(

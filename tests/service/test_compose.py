@@ -22,7 +22,7 @@ def _compose() -> dict:  # type: ignore[type-arg]
 
 def test_compose_services_health_checks_and_volumes() -> None:
     services = _compose()["services"]
-    assert set(services) == {"redis", "trainer", "api"}
+    assert set(services) == {"redis", "trainer", "api", "retrainer"}
     assert services["redis"]["image"].startswith("redis:7")
     assert "redis-cli" in services["redis"]["healthcheck"]["test"]
     assert services["trainer"]["restart"] == "no"
@@ -93,14 +93,29 @@ def test_containers_run_the_commands_the_tests_run() -> None:
     trainer = services["trainer"]["command"]
     assert trainer[:2] == ["dcmc", "train"]
     assert {"--dataset", "--data-dir", "--out", "--epochs", "--threads"} <= set(_flags(trainer))
-    assert trainer[trainer.index("--out") + 1] == api[api.index("--artifacts") + 1] == "/artifacts/current"
+    # the trainer publishes its artifact as the link the api serves (and polls: hot reload)
+    assert (
+        trainer[trainer.index("--publish") + 1] == api[api.index("--artifacts") + 1] == "/artifacts/current"
+    )
+    assert trainer[trainer.index("--out") + 1].startswith("/artifacts/runs/")
     from training.cli import build_parser  # the flags exist in the real CLI
 
     def with_defaults(args: list[str]) -> list[str]:  # compose's ${VAR:-default} with VAR unset
         return [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", a) for a in args]
 
     parsed = build_parser().parse_args(with_defaults(trainer[1:]))
-    assert parsed.dataset == "ml-100k" and parsed.epochs == 100
+    assert parsed.dataset == "ml-100k" and parsed.epochs == 100 and parsed.publish == "/artifacts/current"
+    # The retrainer's loop runs `dcmc train <its command> --out RUN --publish /artifacts/current`.
+    retrainer = services["retrainer"]
+    assert retrainer["entrypoint"] == ["/app/docker/retrain-loop.sh"]
+    loop = (REPO / "docker/retrain-loop.sh").read_text()
+    assert 'dcmc train "$@" --out "/artifacts/runs/$stamp" --publish /artifacts/current' in loop
+    parsed = build_parser().parse_args(
+        ["train", *with_defaults(retrainer["command"]), "--out", "/x", "--publish", "/y"]
+    )
+    assert parsed.dataset == "ml-100k" and parsed.out == "/x"
+    assert "artifacts:/artifacts" in retrainer["volumes"] and retrainer["restart"] == "unless-stopped"
+    assert services["api"]["environment"]["DCMC_RELOAD_POLL_S"] == "${DCMC_RELOAD_POLL_S:-5}"
     from service.__main__ import build_parser as service_parser
 
     parsed = service_parser().parse_args(with_defaults(api[3:]))

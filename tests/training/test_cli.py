@@ -43,11 +43,19 @@ def test_train_then_evaluate(synthetic_csv: Path, tmp_path: Path) -> None:
         "--seed",
         "1",
         "--no-progress",
+        "--publish",
+        str(tmp_path / "current"),
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["epochs"] == 3 and summary["n_train"] > 0
     assert (out / "manifest.json").is_file()
+    assert (tmp_path / "current").resolve() == out.resolve()  # published: what a service would serve
+    version = json.loads((out / "manifest.json").read_text())["model_version"]
+    assert summary["published"] == {"link": str(tmp_path / "current"), "model_version": version}
+    proc = dcmc("publish", "--artifacts", str(tmp_path / "nope"), "--link", str(tmp_path / "current"))
+    _assert_clean_error(proc, "does not exist")
+    assert (tmp_path / "current").resolve() == out.resolve()
     assert (tmp_path / "art.ckpt" / "checkpoint.pt").is_file()
     for mode in ("paper", "none"):
         proc = dcmc(
