@@ -76,6 +76,7 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Deep CRF matrix completion: predicted ratings and similar users from a trained artifact.",
         version="0.1.0",
         lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,  # 413 before parsing (Content-Length or streamed bytes)
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     reload_poll_s: float = Field(default=5.0, ge=0)
     """How often each worker checks the artifact behind `artifacts` (e.g. the symlink ARTIFACTS/current)
     for a new model version and swaps it in (service/reload.py); 0 = never."""
+    max_body_bytes: PositiveInt = 1_048_576
+    """Largest request body read, in bytes; a larger one gets 413 before any of it is parsed (by its
+    Content-Length, or while it streams in)."""
     max_ratings: PositiveInt = 1000
     """Largest `ratings` batch accepted by POST /ratings."""
     max_items: PositiveInt = 1000

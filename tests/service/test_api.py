@@ -4,7 +4,9 @@ a real `dcmc serve` process (the `service` fixture) where the test is about serv
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +205,43 @@ def test_an_unknown_inference_override_stops_start_up(tiny_artifact: Path) -> No
     message = re.escape("unknown inference setting 'crf.gama'; valid: mode, crf.gamma")
     with pytest.raises(ConfigError, match=message), App(tiny_artifact, inference={"crf": {"gama": 1.0}}):
         pass
+
+
+def test_an_oversized_body_is_refused_before_parsing(tiny_artifact: Path) -> None:
+    with App(tiny_artifact, max_body_bytes=2000) as api:
+        body = json.dumps({"user": "u1", "items": ["i1"] * 500}).encode()  # ~3.5 kB of valid JSON
+        r = api.client.post("/predict", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted while it streams in
+            yield body[:1500]
+            yield body[1500:]
+
+        r = api.client.post("/predict", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+        small = {"user": "u1", "items": ["i1", "i2"]}
+        assert api.client.post("/predict", json=small).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b'{"user": "u1", "items": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400),  # deeply nested
+        (b'{"user": "u1\xff\xfe", "items": ["i1"]}', 400),  # not UTF-8
+        (b'{"user": 1' + b"0" * 5000 + b', "items": ["i1"]}', 400),  # an integer of 5000 digits
+        (b'{"user": "' + b"x" * 10_000 + b'", "items": ["i1"]}', 422),  # an id of 10k characters
+        (b'{"user": "u1", "items": ["' + b"y" * 10_000 + b'"]}', 422),
+        (b'{"user": "u1", "items": ["i1"], "distribution": NaN}', 422),
+    ],
+)
+def test_hostile_bodies_get_a_clear_4xx(app: App, body: bytes, status: int) -> None:
+    r = app.client.post("/predict", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text[:300]
+    assert "detail" in r.json()
+
+
+def test_a_repeated_item_is_answered_at_each_place(app: App) -> None:
+    r = app.client.post("/predict", json={"user": "u1", "items": ["i2", "i1", "i2"]})
+    assert r.status_code == 200, r.text
+    got = r.json()["predictions"]
+    assert [p["item"] for p in got] == ["i2", "i1", "i2"] and got[0] == got[2]
