@@ -168,6 +168,12 @@ class Artifact:
         """Rating levels, (p,) float64."""
         return np.asarray(self.config.levels, dtype=np.float64)
 
+    def online_snapshot(self, stream: str) -> str:
+        """The id of the last rating of the Redis stream `stream` that this artifact was trained on
+        (`dcmc train --online-ratings`), or "0" when it holds none of that stream's ratings."""
+        online = (self.meta.get("dataset") or {}).get("online_ratings") or {}
+        return str(online.get("last_id", "0")) if online.get("stream") == stream else "0"
+
     def known(self, include_held_out: bool = True) -> Ratings:
         """The known ratings: those trained on, then the held-out validation ones (unless excluded)."""
         if not include_held_out or len(self.held_out) == 0:

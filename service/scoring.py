@@ -174,6 +174,8 @@ class Scorer:
         if settings.redis_url:
             self.ratings = RatingLog(settings.redis_url, settings.redis_key_prefix, settings.redis_timeout_s)
             self.follower = Follower(self.ratings, self._apply, metrics, settings.redis_retry_s)
+            # Replay only what the artifact was not trained on (`dcmc train --online-ratings`).
+            self.follower.last = artifact.online_snapshot(self.ratings.key)
 
     # -- start-up and shutdown ---------------------------------------------------------------------------
     def start(self) -> None:

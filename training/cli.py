@@ -62,6 +62,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
             tune=not args.no_tune,
             tune_trials=args.tune_trials,
             tune_timeout=args.tune_timeout,
+            online_ratings=args.online_ratings,
+            online_prefix=args.online_prefix,
         )
     finally:
         if distributed:
@@ -262,6 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--tune-trials", type=int, help=f"trials of the search (default {DEFAULT_TRIALS})")
     t.add_argument("--tune-timeout", type=float, help="stop the search after this many seconds")
+    t.add_argument(
+        "--online-ratings",
+        metavar="REDIS_URL",
+        help="also train on the ratings the service took online (the Redis stream PREFIX:ratings at this "
+        "URL, e.g. redis://127.0.0.1:6379/0); the artifact records how far it read, and a service loading "
+        "it replays only the later ones",
+    )
+    t.add_argument(
+        "--online-prefix", default="dcmc", help="the service's DCMC_REDIS_KEY_PREFIX (default dcmc)"
+    )
     t.add_argument(
         "--publish",
         metavar="LINK",

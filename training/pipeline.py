@@ -15,6 +15,7 @@ from model.config import ConfigError, ModelConfig
 from training.config import TrainConfig, preset
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
+from training.online import read_online_ratings, with_online
 from training.trainer import train
 from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, start_inference, tune_artifact
 
@@ -83,12 +84,16 @@ def run_training(
     tune: bool = True,
     tune_trials: int | None = None,
     tune_timeout: float | None = None,
+    online_ratings: str | None = None,
+    online_prefix: str = "dcmc",
 ) -> dict[str, Any]:
     """Load data, train, and (on rank 0) write the artifact; returns the training metrics.
 
     With a preset that searches its inference (`default`), the settings are then chosen on the validation
     entries (training/tune.py) unless `tune` is False or inference settings were given (`settings`
-    `inference.*`: an explicit choice is kept); untuned, the artifact serves training.tune.START."""
+    `inference.*`: an explicit choice is kept); untuned, the artifact serves training.tune.START.
+    `online_ratings`: a Redis URL whose stream `<online_prefix>:ratings` (the service's online ratings)
+    adds training ratings (training/online.py); the artifact records how far it was read."""
     chosen = preset(dataset, preset_name)
     model_over, train_over, inference_over = split_overrides(settings or {})
     if epochs is not None:
@@ -98,6 +103,11 @@ def run_training(
     train_cfg = replace(chosen.train, **train_over)
     data_seed = split_seed  # random splits stay fixed across training seeds
     data = load_dataset(dataset, data_dir, split=split, seed=data_seed)
+    dataset_record: dict[str, Any] = {"name": dataset, "split": split, "seed": data_seed}
+    if online_ratings:  # the service's rating stream: extra training ratings (training/online.py)
+        data, dataset_record["online_ratings"] = with_online(
+            data, read_online_ratings(online_ratings, online_prefix)
+        )
     model_cfg = ModelConfig(
         n_users=data.n_users,
         n_items=data.n_items,
@@ -159,7 +169,7 @@ def run_training(
             item_ids=data.item_ids,
             inference=inference,
             train_config={**train_cfg.to_dict(), "preset": preset_name},
-            dataset={"name": dataset, "split": split, "seed": data_seed},
+            dataset=dataset_record,
             metrics=metrics,
         )
         if chosen.tune:

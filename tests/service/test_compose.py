@@ -114,6 +114,7 @@ def test_containers_run_the_commands_the_tests_run() -> None:
         ["train", *with_defaults(retrainer["command"]), "--out", "/x", "--publish", "/y"]
     )
     assert parsed.dataset == "ml-100k" and parsed.out == "/x"
+    assert parsed.online_ratings == services["api"]["environment"]["REDIS_URL"]  # trains on the stream
     assert "artifacts:/artifacts" in retrainer["volumes"] and retrainer["restart"] == "unless-stopped"
     assert services["api"]["environment"]["DCMC_RELOAD_POLL_S"] == "${DCMC_RELOAD_POLL_S:-5}"
     from service.__main__ import build_parser as service_parser

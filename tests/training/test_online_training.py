@@ -1,0 +1,111 @@
+"""`dcmc train --online-ratings`: the service's rating stream as extra training ratings, the stream point
+recorded in the artifact, and a service on the new artifact replaying only the later ratings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from model.artifact import load_artifact
+from tests.service.conftest import App, RedisServer
+from training.data import DataError, Entries, RatingSplit
+from training.online import OnlineRatings, read_online_ratings, with_online
+from training.pipeline import run_training
+
+TOKEN = "online-train-token"
+
+
+def _split() -> RatingSplit:
+    train = Entries(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([4.0, 2.0, 5.0]))
+    val = Entries(np.array([1]), np.array([0]), np.array([3.0]))
+    test = Entries(np.array([0]), np.array([2]), np.array([1.0]))
+    levels = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    return RatingSplit("t", ["a", "b"], ["x", "y", "z"], levels, train, val, test)
+
+
+def _online(triples: list[tuple[str, str, float]]) -> OnlineRatings:
+    return OnlineRatings(
+        users=[u for u, _, _ in triples],
+        items=[i for _, i, _ in triples],
+        values=np.array([r for _, _, r in triples]),
+        last_id="5-0",
+        entries=len(triples),
+        key="dcmc:ratings",
+    )
+
+
+def test_online_ratings_join_the_training_part_and_never_a_held_out_pair() -> None:
+    online = _online(
+        [("a", "y", 1.0), ("new", "x", 5.0), ("b", "fresh", 2.0), ("b", "x", 4.0), ("a", "z", 5.0)]
+    )
+    data, record = with_online(_split(), online)
+    assert data.user_ids == ["a", "b", "new"] and data.item_ids == ["x", "y", "z", "fresh"]
+    got = {
+        (data.user_ids[r], data.item_ids[c]): v for r, c, v in zip(*data.train.__dict__.values(), strict=True)
+    }
+    assert got == {("a", "x"): 4.0, ("a", "y"): 1.0, ("b", "y"): 5.0, ("new", "x"): 5.0, ("b", "fresh"): 2.0}
+    assert data.val is not None and len(data.val) == 1 and len(data.test) == 1  # untouched
+    assert record["ratings"] == 3 and record["replaced_training_ratings"] == 1
+    assert record["left_out_held_out"] == 2  # (b, x) is validation, (a, z) is test
+    assert record["new_users"] == 1 and record["new_items"] == 1 and record["last_id"] == "5-0"
+    with pytest.raises(DataError, match="not one of the dataset's levels"):
+        with_online(_split(), _online([("a", "y", 4.5)]))
+
+
+@pytest.fixture()
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.kill()
+
+
+def test_the_stream_is_read_whole_with_re_ratings_replacing(redis_server: RedisServer) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    for user, item, rating in [("u1", "i1", 4), ("u2", "i1", 3), ("u1", "i1", 2)]:
+        last = client.xadd("p:ratings", {"user": user, "item": item, "rating": repr(float(rating))})
+    online = read_online_ratings(redis_server.url, "p")
+    assert list(zip(online.users, online.items, online.values.tolist(), strict=True)) == [
+        ("u2", "i1", 3.0),
+        ("u1", "i1", 2.0),
+    ]
+    assert online.last_id == last.decode() and online.entries == 3
+    empty = read_online_ratings(redis_server.url, "nothing")
+    assert empty.last_id == "0" and len(empty.values) == 0
+    with pytest.raises(DataError, match="cannot read the online ratings"):
+        read_online_ratings("redis://127.0.0.1:1/0", timeout_s=0.5)
+
+
+def test_a_service_on_the_retrained_artifact_replays_only_the_later_ratings(
+    synthetic_csv: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    for item, rating in (("i1", 5), ("i2", 1), ("i3", 5)):
+        client.xadd("dcmc:ratings", {"user": "newcomer", "item": item, "rating": repr(float(rating))})
+    out = tmp_path / "retrained"
+    run_training("csv", synthetic_csv, out, split="random", preset_name="tiny", epochs=2, progress=False,
+                 online_ratings=redis_server.url)  # fmt: skip
+    artifact = load_artifact(out)
+    record = json.loads((out / "config.json").read_text())["dataset"]["online_ratings"]
+    assert record["ratings"] == 3 and record["new_users"] == 1 and record["stream"] == "dcmc:ratings"
+    assert artifact.online_snapshot("dcmc:ratings") == record["last_id"] != "0"
+    assert artifact.online_snapshot("other:ratings") == "0"
+    newcomer = artifact.users.index("newcomer")
+    assert len(artifact.known().by_row.of(newcomer)) == 3  # trained on, known to the CRF
+    with App(out, redis_url=redis_server.url, write_token=TOKEN) as api:
+        r = api.client.post("/predict", json={"user": "newcomer", "items": ["i1"]})
+        assert r.status_code == 200 and r.json()["online_ratings"] == 0  # in the artifact, not replayed
+        assert api.client.get("/health").json()["online_ratings"] == 0
+        later = {"ratings": [{"user": "newcomer", "item": "i4", "rating": 2}]}
+        assert (
+            api.client.post("/ratings", json=later, headers={"Authorization": f"Bearer {TOKEN}"}).status_code
+            == 200
+        )
+        assert (
+            api.client.post("/predict", json={"user": "newcomer", "items": ["i1"]}).json()["online_ratings"]
+            == 1
+        )

@@ -1,0 +1,137 @@
+"""Training on the ratings that arrived online: `dcmc train --online-ratings redis://...`.
+
+The service appends every acknowledged rating to the Redis stream `<prefix>:ratings` (service/online.py:
+fields user, item, rating). Here the whole stream up to now is read, a re-rating replacing the earlier one
+(as the service folds them), and added to the dataset's training ratings:
+
+- a new user or item gets the next index (its id appended to the dataset's, in order of first rating);
+- a rating of a pair the dataset already rates in its training part replaces that rating;
+- a rating of a pair held out by the dataset (its test or validation part) is left out and counted, so
+  the held-out ratings stay unseen and the evaluation honest.
+
+The artifact records the stream id of the last rating read (`dataset.online_ratings.last_id` in
+config.json); a service that loads it replays only the ratings after that id.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from training.data import DataError, Entries, RatingSplit
+
+log = logging.getLogger(__name__)
+
+PAGE = 10_000
+"""Stream entries read per Redis call."""
+
+
+@dataclass(frozen=True)
+class OnlineRatings:
+    """The stream's ratings, last one per (user, item), and where the stream was read up to."""
+
+    users: list[str]
+    items: list[str]
+    values: np.ndarray
+    last_id: str
+    """Stream id of the last entry read ("0" for an empty stream)."""
+    entries: int
+    """Stream entries read (re-ratings included)."""
+    key: str
+
+
+def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0) -> OnlineRatings:
+    """Every rating of the stream `<prefix>:ratings` at `url`, a re-rating replacing the earlier one;
+    DataError when Redis cannot be read."""
+    import redis
+
+    key = f"{prefix}:ratings"
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    latest: dict[tuple[str, str], float] = {}
+    last, count = "0", 0
+    try:
+        while True:
+            start = f"({last}" if last != "0" else "-"
+            page: Any = client.xrange(key, min=start, count=PAGE)
+            if not page:
+                break
+            for _, fields in page:
+                f = {_text(k): _text(v) for k, v in fields.items()}
+                pair = (f["user"], f["item"])
+                latest.pop(pair, None)  # a re-rating moves to the end: the order of last ratings
+                latest[pair] = float(f["rating"])
+            last, count = _text(page[-1][0]), count + len(page)
+    except redis.RedisError as exc:
+        raise DataError(f"cannot read the online ratings from {url} ({key}): {exc}") from None
+    finally:
+        client.close()
+    pairs = list(latest)
+    return OnlineRatings(
+        users=[u for u, _ in pairs],
+        items=[i for _, i in pairs],
+        values=np.array([latest[p] for p in pairs], dtype=np.float64),
+        last_id=last,
+        entries=count,
+        key=key,
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, dict[str, Any]]:
+    """`data` with the online ratings in its training part (module docstring), and the record of it for
+    the artifact. DataError for a rating off the dataset's rating levels."""
+    levels = np.asarray(data.levels, dtype=np.float64)
+    off = ~np.isin(online.values, levels)
+    if off.any():
+        k = int(np.flatnonzero(off)[0])
+        raise DataError(
+            f"online rating {online.values[k]!r} of ({online.users[k]!r}, {online.items[k]!r}) is not one "
+            f"of the dataset's levels {levels.tolist()}"
+        )
+    user_ids, item_ids = list(data.user_ids), list(data.item_ids)
+    user_index = {u: i for i, u in enumerate(user_ids)}
+    item_index = {j: i for i, j in enumerate(item_ids)}
+    rows = np.array([user_index.setdefault(u, len(user_index)) for u in online.users], dtype=np.int64)
+    cols = np.array([item_index.setdefault(j, len(item_index)) for j in online.items], dtype=np.int64)
+    user_ids += list(user_index)[len(user_ids) :]
+    item_ids += list(item_index)[len(item_ids) :]
+    width = max(len(item_ids), 1)
+    held = [e for e in (data.val, data.test) if e is not None]
+    held_keys = np.concatenate([e.rows * width + e.cols for e in held]) if held else np.empty(0, np.int64)
+    keys = rows * width + cols
+    kept = ~np.isin(keys, held_keys)
+    train = data.train
+    train_keys = train.rows * width + train.cols
+    replaced = np.isin(train_keys, keys[kept])
+    merged = Entries(
+        np.concatenate([train.rows[~replaced], rows[kept]]),
+        np.concatenate([train.cols[~replaced], cols[kept]]),
+        np.concatenate([train.values[~replaced], online.values[kept]]),
+    )
+    record = {
+        "stream": online.key,
+        "last_id": online.last_id,
+        "stream_entries": online.entries,
+        "ratings": int(kept.sum()),
+        "replaced_training_ratings": int(replaced.sum()),
+        "left_out_held_out": int((~kept).sum()),
+        "new_users": len(user_ids) - len(data.user_ids),
+        "new_items": len(item_ids) - len(data.item_ids),
+    }
+    log.info(
+        "online ratings: %d added (%d replacing training ratings, %d of held-out pairs left out), %d new "
+        "users, %d new items, stream read up to %s",
+        record["ratings"],
+        record["replaced_training_ratings"],
+        record["left_out_held_out"],
+        record["new_users"],
+        record["new_items"],
+        online.last_id,
+    )
+    return replace(data, user_ids=user_ids, item_ids=item_ids, train=merged), record
