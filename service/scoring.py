@@ -8,11 +8,12 @@ worker's model (model/online.py). A request reads the current model state once a
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,27 @@ from service.online import Durability, Entry, Follower, RatingLog
 from service.settings import Settings, inference_overrides
 
 log = logging.getLogger(__name__)
+
+
+def _malloc_trim() -> Callable[[], None]:
+    """glibc's malloc_trim(0), or nothing where there is no glibc."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+
+    def release() -> None:
+        trim(0)
+
+    return release
+
+
+release_memory = _malloc_trim()
+"""Hand the heap's free pages back to the system. Each online rating builds a new model state of large
+arrays and drops the last one; glibc serves arrays of those sizes from its heap after the first few and
+keeps the freed pages, so without this a worker's memory grows with the ratings it folds in
+(benchmarks/soak.py, docs/online.md)."""
 
 
 def effective_inference(stored: InferenceConfig, settings: Settings) -> InferenceConfig:
@@ -227,6 +249,7 @@ class Scorer:
         """Fold stream entries into the model (the follower calls it, in stream order)."""
         # No engine lock: requests go on with the state they took while the next one is built.
         self.fold.apply([(e.user, e.item, e.rating) for e in entries])
+        release_memory()
         if not self.replayed and self.follower is not None and self.follower.healthy:
             self.replayed = True
 
