@@ -7,9 +7,9 @@ The mix, drawn per request (seeded): 60% POST /predict (100 random items of a ra
 /recommend/{user}?k=10, 10% GET /similar-users/{user}?k=10, 10% POST /ratings (one random rating by a
 random user; each one starts a new model state in both workers). The client is asyncio + httpx in this
 process, timing each request from send to the end of its body. RSS of each worker (children of the uvicorn
-process) is read from /proc before the run (after a warm-up of 2,000 requests) and after it; the run fails
-when a worker grew by more than --rss-bound-mb. Writes benchmarks/results/soak.md and appends to
-soak.jsonl. Needs redis-server.
+process) is read from /proc at rest (REST_S after the load stops) before the run (after a warm-up of 2,000
+requests) and after each quarter of it; the run fails when a worker grew by more than --rss-bound-mb.
+Writes benchmarks/results/soak.md and appends to soak.jsonl. Needs redis-server.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ from online import TOKEN, Redis, Service
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+CLIENT_ERRORS: list[str] = []
+"""Requests that got no HTTP answer (status 0), with the client's exception."""
+REST_S = 2.0
+"""RSS is read at rest: this long after the load stopped (the last fold-in done and its memory handed
+back), so that a sample does not land on a fold's transient arrays."""
 MIX = (("predict", 0.6), ("recommend", 0.2), ("similar-users", 0.1), ("ratings", 0.1))
 
 
@@ -97,8 +102,9 @@ async def drive(url: str, requests: list[tuple[str, Any]], concurrency: int) -> 
                     else:
                         r = await client.get(f"/similar-users/{arg}", params={"k": 10})
                     status = r.status_code
-                except httpx.HTTPError:
+                except httpx.HTTPError as exc:
                     status = 0
+                    CLIENT_ERRORS.append(f"{route}: {type(exc).__name__}: {exc}")
                 results.append((route, status, time.perf_counter() - t0))
 
         await asyncio.gather(*(one() for _ in range(concurrency)))
@@ -126,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             svc.wait_ready()
             asyncio.run(drive(svc.url, plan(2000, users, items, levels, seed=1), args.concurrency))
+            time.sleep(REST_S)
             before = worker_rss_mb(svc.proc.pid)
             stream_before = int(server.client.xlen("soak:ratings"))
             requests = plan(args.requests, users, items, levels, 0)
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             for k in range(0, len(requests), quarter):  # RSS sampled after each quarter
                 results += asyncio.run(drive(svc.url, requests[k : k + quarter], args.concurrency))
+                time.sleep(REST_S)
                 samples.append(worker_rss_mb(svc.proc.pid))
             seconds = time.perf_counter() - t0
             after = samples[-1]
@@ -171,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "rss_after_mb": after,
         "rss_growth_mb": growth,
         "rss_quarters_mb": samples,
+        "no_answer": CLIENT_ERRORS,
         "ratings_acknowledged": acknowledged,
         "stream_length": stream,
         "rss_bound_mb": args.rss_bound_mb,
@@ -200,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     lines += [
         "",
-        "Worker RSS (MB), before and after each quarter of the run: "
+        "Worker RSS at rest (MB), before and after each quarter of the run: "
         + "; ".join(
             " -> ".join(f"{x:.0f}" for x in [before[p], *(q.get(p, float("nan")) for q in samples)])
             for p in before
@@ -208,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         + f" (bound: {args.rss_bound_mb:.0f} MB growth per worker).",
         f"Ratings acknowledged during the run: {acknowledged}; added to the stream: {stream} (lost: "
         f"{acknowledged - stream}).",
+        "Requests without an answer (status 0): "
+        + ("; ".join(CLIENT_ERRORS) if CLIENT_ERRORS else "none")
+        + ".",
         f"Verdict: {'pass' if ok else 'FAIL'}.",
     ]
     text = "\n".join(lines) + "\n"

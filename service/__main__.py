@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         log_level=settings.log_level,
         access_log=False,
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=10,
     )
     return 0

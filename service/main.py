@@ -20,7 +20,7 @@ from service.fastpath import FastPredict
 from service.metrics import Metrics, MetricsMiddleware
 from service.reload import Reloader
 from service.routes import items, ops, predict, ratings, recommend, users
-from service.scoring import Scorer
+from service.scoring import Scorer, tune_allocator
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tune_allocator()  # before the model's arrays are allocated
         app.state.scorer = await run_in_threadpool(_load, settings, metrics)
         reloader = Reloader(
             app.state, settings.artifacts, settings.reload_poll_s, lambda path: _load(settings, metrics, path)

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,25 +35,38 @@ from service.settings import Settings, inference_overrides
 log = logging.getLogger(__name__)
 
 
-def _malloc_trim() -> Callable[[], None]:
-    """glibc's malloc_trim(0), or nothing where there is no glibc."""
+M_MMAP_THRESHOLD = -3
+"""glibc's mallopt parameter number of the mmap threshold."""
+MMAP_THRESHOLD = 4 * 2**20
+"""Allocations of this size and more (the model state's large arrays) are mmapped and returned to the
+system when freed (`tune_allocator`)."""
+
+
+def _libc() -> ctypes.CDLL | None:
     try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-
-    def release() -> None:
-        trim(0)
-
-    return release
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
 
 
-release_memory = _malloc_trim()
-"""Hand the heap's free pages back to the system. Each online rating builds a new model state of large
-arrays and drops the last one; glibc serves arrays of those sizes from its heap after the first few and
-keeps the freed pages, so without this a worker's memory grows with the ratings it folds in
-(benchmarks/soak.py, docs/online.md)."""
+def tune_allocator() -> None:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD (it otherwise rises to the largest array freed, after
+    which such arrays come from the heap and their pages are kept). Each online rating builds a new model
+    state of large arrays and drops the last one: with the default, a worker's memory grew with the ratings
+    it folded in (benchmarks/soak.py; docs/online.md). Nothing where there is no glibc."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the system after a model state was replaced (glibc's
+    malloc_trim; nothing elsewhere)."""
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = _libc()
 
 
 def effective_inference(stored: InferenceConfig, settings: Settings) -> InferenceConfig:

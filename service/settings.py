@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     def _empty_token_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
+    keep_alive_s: PositiveInt = 75
+    """How long an idle HTTP connection stays open (uvicorn's keep-alive). Longer than a load balancer's
+    idle timeout (commonly 60 s), so that the server never closes a connection the balancer is about to
+    reuse (a request lost in that race fails without an answer)."""
     reload_poll_s: float = Field(default=5.0, ge=0)
     """How often each worker checks the artifact behind `artifacts` (e.g. the symlink ARTIFACTS/current)
     for a new model version and swaps it in (service/reload.py); 0 = never."""
