@@ -35,11 +35,16 @@ from service.settings import Settings, inference_overrides
 log = logging.getLogger(__name__)
 
 
-M_MMAP_THRESHOLD = -3
-"""glibc's mallopt parameter number of the mmap threshold."""
-MMAP_THRESHOLD = 4 * 2**20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's mallopt parameter numbers."""
+MMAP_THRESHOLD = 16 * 2**20
 """Allocations of this size and more (the model state's large arrays) are mmapped and returned to the
 system when freed (`tune_allocator`)."""
+TRIM_THRESHOLD = 16 * 2**20
+"""Free memory at the top of the heap that glibc keeps on a free rather than handing back. Fixing the mmap
+threshold turns glibc's dynamic adjustment off, and its 128 KiB default then made requests shrink and
+regrow the heap: /recommend without a cached row took twice as long (benchmarks/serve_floor.py); a
+fold-in's `release_memory` hands the rest back."""
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -50,13 +55,14 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def tune_allocator() -> None:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD (it otherwise rises to the largest array freed, after
-    which such arrays come from the heap and their pages are kept). Each online rating builds a new model
-    state of large arrays and drops the last one: with the default, a worker's memory grew with the ratings
-    it folded in (benchmarks/soak.py; docs/online.md). Nothing where there is no glibc."""
+    """Fix glibc's mmap and trim thresholds (MMAP_THRESHOLD, TRIM_THRESHOLD). Each online rating builds a
+    new model state of large arrays and drops the last one; with glibc's defaults the mmap threshold rises
+    to the largest array freed, such arrays then come from the heap, and a worker's memory grew with the
+    ratings it folded in (benchmarks/soak.py; docs/online.md). Nothing where there is no glibc."""
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)  # fixing one turns glibc's dynamic adjustment off
 
 
 def release_memory() -> None:
