@@ -51,12 +51,21 @@ class FastPredict:
         if scope["type"] != "http" or scope["path"] != "/predict" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        limit = self.state.settings.max_body_bytes
+        if _content_length(scope) > limit:  # the route answers 413 without reading it
+            await self.app(scope, receive, send)
+            return
         chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client went away
                 return
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:  # streamed past the limit: the route counts it again and answers 413
+                await self.app(scope, _replay(b"".join(chunks), receive, more=True), send)
+                return
             if not message.get("more_body", False):
                 break
         raw = b"".join(chunks)
@@ -89,15 +98,24 @@ def _json(scope: Scope) -> bool:
     return False
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that hands the body read here once, then defers to the server's (disconnects)."""
+def _content_length(scope: Scope) -> int:
+    """The request's Content-Length, or 0 without a valid one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def _replay(body: bytes, receive: Receive, more: bool = False) -> Receive:
+    """A `receive` that hands the body read here once (`more`: the rest is still to come), then defers to
+    the server's (the rest of the body, disconnects)."""
     sent = False
 
     async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": more}
         return await receive()
 
     return replay

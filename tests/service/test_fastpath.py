@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,16 @@ def test_string_ids_accept_only_what_the_route_accepts_with_the_same_values(body
         return
     full = PredictRequest.model_validate(json.loads(raw))  # as FastAPI reads it; raises if it disagrees
     assert (fast.user, fast.items, fast.distribution) == (full.user, full.items, full.distribution)
+
+
+def test_an_oversized_body_gets_413_through_the_fast_path_too(exact_app: App) -> None:
+    body = json.dumps({"user": "u2", "items": ["i1"] * 300_000}).encode()  # ~2 MB > DCMC_MAX_BODY_BYTES
+    headers = {"content-type": "application/json"}
+    assert exact_app.client.post("/predict", content=body, headers=headers).status_code == 413
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the fast path counts what streams in
+        for k in range(0, len(body), 100_000):
+            yield body[k : k + 100_000]
+
+    assert exact_app.client.post("/predict", content=chunks(), headers=headers).status_code == 413
+    assert exact_app.client.post("/predict", json={"user": "u2", "items": ITEMS}).status_code == 200
