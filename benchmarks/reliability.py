@@ -386,6 +386,21 @@ def hostile(env: Env) -> list[dict[str, Any]]:
     return rows
 
 
+TESTS = {
+    "Redis killed (-9) right after acknowledged ratings, restarted from its AOF": (
+        "tests/service/test_faults.py::test_redis_killed_after_acknowledged_ratings_loses_none"
+    ),
+    "a replica killed (-9) under a write load and restarted": (
+        "tests/service/test_faults.py::test_a_replica_killed_under_load_replays_and_answers_as_its_peer"
+    ),
+    "hot reload under 32 concurrent /predict clients (2 workers)": (
+        "tests/service/test_reload.py::test_a_reload_under_load_fails_no_request_and_mixes_no_answers"
+    ),
+    "hostile input: body over the size limit": "tests/service/test_fastpath.py tests/service/test_api.py",
+}
+"""The faster versions of the scenarios in the test suite."""
+
+
 def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Reliability: faults, reloads and hostile input",
@@ -398,12 +413,16 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "- the schemathesis fuzz of the whole OpenAPI surface (no 5xx) runs in the test suite:"
         " `python -m pytest tests/service/test_fuzz.py`",
         "",
-        "| fault or input | sent | came back | acknowledged ratings lost | as expected |",
-        "|---|---|---|---|---|",
+        "| fault or input | sent | came back | acknowledged ratings lost | as expected | reproduce |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
+        again = f"`{meta['command']}`"
+        if r["fault"] in TESTS:
+            again += f"; in seconds: `python -m pytest {TESTS[r['fault']]}`"
         lines.append(
-            f"| {r['fault']} | {r['sent']} | {r['came_back']} | {r['lost']} | {'yes' if r['ok'] else 'NO'} |"
+            f"| {r['fault']} | {r['sent']} | {r['came_back']} | {r['lost']} | {'yes' if r['ok'] else 'NO'} "
+            f"| {again} |"
         )
     return "\n".join(lines) + "\n"
 
