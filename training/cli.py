@@ -121,6 +121,33 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_synth(args: argparse.Namespace) -> int:
+    import time
+
+    from training.synthetic import SHAPES, planted_ratings, write_ratings_csv
+
+    shape = SHAPES[args.shape]
+    t0 = time.perf_counter()
+    try:
+        rows, cols, values = planted_ratings(
+            shape.n_users, shape.n_items, args.ratings or shape.n_ratings, shape.levels, seed=args.seed
+        )
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    path = write_ratings_csv(Path(args.out) / "ratings.csv", rows, cols, values)
+    summary = {
+        "csv": str(path),
+        "shape": args.shape,
+        "users": shape.n_users,
+        "items": shape.n_items,
+        "ratings": len(values),
+        "seed": args.seed,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
 def _cmd_download(args: argparse.Namespace) -> int:
     from training.download import download
 
@@ -329,6 +356,16 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("name", choices=("ml-100k", "douban", "flixster", "yahoo_music", "epinions"))
     dl.add_argument("--to", required=True, help="target directory")
     dl.set_defaults(func=_cmd_download)
+    sy = dsub.add_parser(
+        "synth",
+        help="write a seeded synthetic rating CSV of a large dataset's shape (power-law degrees, planted "
+        "biases, low-rank preferences, neighbourhoods and noise): train it with --dataset csv --split random",
+    )
+    sy.add_argument("--shape", required=True, choices=("epinions", "ml-10m"))
+    sy.add_argument("--out", required=True, help="directory; the CSV is OUT/ratings.csv")
+    sy.add_argument("--ratings", type=int, help="how many ratings (default the dataset's own count)")
+    sy.add_argument("--seed", type=int, default=0)
+    sy.set_defaults(func=_cmd_synth)
 
     demo = sub.add_parser("demo", help="train on built-in data (or a local ML-100K copy), then serve it")
     demo.add_argument("--data-dir", help="train on MovieLens-100K from here instead of generated data")
