@@ -1,4 +1,5 @@
-"""What the serving benchmarks share: a free loopback port, and wrk run and read (p50, p99, requests/s)."""
+"""What the benchmarks share: a free loopback port, wrk run and read (p50, p99, requests/s), and the
+commit a run measured."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import socket
 import subprocess
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
 
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 """wrk's latency units, in milliseconds."""
@@ -49,3 +52,11 @@ def run_wrk(
     argv += ["--timeout", "10s", *(["-s", str(script)] if script is not None else [])]
     out = subprocess.run([*argv, url + path], capture_output=True, text=True, check=True).stdout
     return parse_wrk(out), out
+
+
+def commit_label(*paths: str) -> str:
+    """The short HEAD commit, with " + uncommitted changes" when `paths` (of the repository) have any."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    status = ["git", "status", "--porcelain", "--", *paths]
+    dirty = subprocess.run(status, cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return head.stdout.strip() + (" + uncommitted changes" if dirty else "")

@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import commit_label
 from online import TOKEN, Redis, Service
 
 REPO = Path(__file__).resolve().parents[1]
@@ -454,13 +454,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in step():
             rows.append(row)
             print(json.dumps(row), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "service", "model"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     meta = {
         "command": "python benchmarks/reliability.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
+        "commit": commit_label("service", "model"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "artifacts": str(args.artifacts),
         "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import free_port, run_wrk
+from loadgen import commit_label, free_port, run_wrk
 from online import PREDICT_LUA, RATINGS_LUA, RECOMMEND_LUA, TOKEN, Redis, Service, _lua_list
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,14 +276,10 @@ def main(argv: list[str] | None = None) -> int:
                     svc.stop()
         record["bare_last"] = measure_bare(args.workers, args.duration)
     record["bare"] = floor(record["bare_first"], record["bare_last"])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "service", "model"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     record.update(
         written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         command="python benchmarks/serve_floor.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        commit=commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
+        commit=commit_label("service", "model"),
         machine=f"{platform.machine()}, {os.cpu_count()} cores",
         artifacts=str(art),
         inference=inference,

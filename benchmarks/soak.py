@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import commit_label
 from online import TOKEN, Redis, Service
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,13 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         }
     growth = {pid: after[pid] - before[pid] for pid in before if pid in after}
     acknowledged = sum(s == 200 for r, s, _ in results if r == "ratings")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "service", "model"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     record = {
         "command": "python benchmarks/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
+        "commit": commit_label("service", "model"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "artifacts": str(art),

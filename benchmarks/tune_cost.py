@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from loadgen import commit_label  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results"
 
 
@@ -98,13 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     for artifact in args.artifacts:
         records.append(measure(artifact, args.trials))
         print(json.dumps(records[-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "model", "training"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     meta = {
         "command": "python benchmarks/tune_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
+        "commit": commit_label("model", "training"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS', 'unset')}",
         "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
