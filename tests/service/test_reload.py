@@ -116,9 +116,11 @@ def test_a_reload_under_load_fails_no_request_and_mixes_no_answers(
         svc.wait_ready()
         reference: dict[str, list[float]] = {}
 
-        async def load(n: int, until: str | None = None) -> list[tuple[int, str, list[float]]]:
+        async def load(
+            n: int, until: str | None = None, swap_after: int | None = None
+        ) -> list[tuple[int, str, list[float]]]:
             """`n` requests from 32 concurrent clients; with `until`, go on until `n` answers came from
-            that model version (at most 60 s)."""
+            that model version (at most 60 s); with `swap_after`, publish B once that many answers came."""
             out: list[tuple[int, str, list[float]]] = []
             deadline = time.monotonic() + 60
 
@@ -135,6 +137,8 @@ def test_a_reload_under_load_fails_no_request_and_mixes_no_answers(
                         body = r.json() if r.status_code == 200 else {}
                         ratings = [p["rating"] for p in body.get("predictions", [])]
                         out.append((r.status_code, body.get("model_version", ""), ratings))
+                        if swap_after is not None and len(out) == swap_after:  # mid-load, under way
+                            publish(artifacts["b"], artifacts["current"])
 
                 await asyncio.gather(*(worker() for _ in range(32)))
             return out
@@ -142,8 +146,7 @@ def test_a_reload_under_load_fails_no_request_and_mixes_no_answers(
         before = asyncio.run(load(50))
         reference[before[0][1]] = before[0][2]
         version_b = load_artifact(artifacts["b"]).model_version
-        publish(artifacts["b"], artifacts["current"])  # the next batch runs until both workers swapped
-        during = asyncio.run(load(500, until=version_b))
+        during = asyncio.run(load(500, until=version_b, swap_after=50))  # B published under load
         _wait(lambda: all(_version(svc.client) == version_b for _ in range(8)))  # both workers
         after = asyncio.run(load(50))
         reference[after[0][1]] = after[0][2]
