@@ -59,9 +59,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from model.artifact import StoredField
-from model.config import ConfigError, Crf, KernelSettings, OutputSettings
+from model.config import Crf, KernelSettings, OutputSettings
 from model.engine import (
     Network,
     bilinear_forms,
@@ -74,9 +75,16 @@ from model.engine import (
 from model.ratings import LineIndex, Ratings, ranges
 from model.types import FloatArray, IntArray
 
-CO_RATING_MAX_ITEMS = 20_000
-"""A co-rating term keeps an m x m item (or n x n user) table, 3.2 GB of float64 at this size; larger
-catalogues (or user bases) are refused."""
+DENSE_TABLE_MAX = 8192
+"""Up to this many items (or users) a co-rating table is a dense array holding every positive pair
+(0.5 GB of float64 at this size); above, a sparse one holding each line's strongest neighbours."""
+
+CO_RATING_NEIGHBOURS = 100
+"""The neighbours a line keeps in a sparse co-rating table: its CO_RATING_NEIGHBOURS pairs of largest
+max(0, rho) at the default shrinkage (the search's start), and every pair that keeps it (symmetric)."""
+
+GRAM_CHUNK_PAIRS = 20_000_000
+"""Co-rated (line, line) pairs per chunk of a sparse gram's product: bounds its temporaries."""
 
 PAIR_CHUNK = 1 << 21
 """(query, line member) pairs per pass of the co-rating term: bounds its temporaries."""
@@ -214,13 +222,116 @@ LINE_LOOP_COST = 2000
 """The Python overhead of one line in `line_messages`' line-by-line way, in elementwise multiply-adds."""
 
 
-def check_co_rating_size(count: int, what: str = "items") -> None:
-    """Refuse (ConfigError) a catalogue (or user base) too large for a co-rating term's table."""
-    if count > CO_RATING_MAX_ITEMS:
-        raise ConfigError(
-            f"the co-rating term needs a {what[:-1]} x {what[:-1]} table; {count} {what} exceed "
-            f"{CO_RATING_MAX_ITEMS}"
-        )
+class DenseAffinity:
+    """A co-rating table held whole: (size, size) float64."""
+
+    def __init__(self, table: FloatArray) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def pairs(self, a: IntArray, b: IntArray) -> FloatArray:
+        """w(a[k], b[k]) for each k."""
+        out: FloatArray = self.table[a, b]
+        return out
+
+    def block(self, a: IntArray, b: IntArray) -> FloatArray:
+        """w(a[i], b[j]): (len(a), len(b))."""
+        out: FloatArray = self.table[np.ix_(a, b)]
+        return out
+
+    def rows(self, a: IntArray) -> FloatArray:
+        """Whole lines: (len(a), size)."""
+        out: FloatArray = np.take(self.table, a, axis=0)
+        return out
+
+    def grown(self, size: int) -> DenseAffinity:
+        """The table padded with zero lines (no neighbours) up to `size`."""
+        if size <= len(self.table):
+            return self
+        out = np.zeros((size, size))
+        out[: len(self.table), : len(self.table)] = self.table
+        return DenseAffinity(out)
+
+    def with_lines(self, lines: IntArray, fresh: FloatArray) -> DenseAffinity:
+        """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size)."""
+        table = self.table.copy()
+        table[lines, :] = fresh
+        table[:, lines] = fresh.T
+        block = fresh[:, lines]  # exactly symmetric, as the table is: reads may take rows for columns
+        table[np.ix_(lines, lines)] = (block + block.T) / 2
+        return DenseAffinity(table)
+
+    def toarray(self) -> FloatArray:
+        """The whole table as a dense array."""
+        return self.table
+
+
+class SparseAffinity:
+    """A symmetric co-rating table holding each line's strongest neighbours (scipy CSR, sorted indices):
+    what a line's neighbours cost, not size^2."""
+
+    def __init__(self, matrix: sp.csr_matrix) -> None:
+        self.matrix = matrix
+
+    def __len__(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def pairs(self, a: IntArray, b: IntArray) -> FloatArray:
+        """w(a[k], b[k]) for each k (0 where b[k] is not among a[k]'s neighbours)."""
+        return np.asarray(self.matrix[a, b], dtype=np.float64).reshape(-1)
+
+    def block(self, a: IntArray, b: IntArray) -> FloatArray:
+        """w(a[i], b[j]): (len(a), len(b))."""
+        out: FloatArray = self.matrix[a][:, b].toarray()
+        return out
+
+    def rows(self, a: IntArray) -> FloatArray:
+        """Whole lines: (len(a), size)."""
+        out: FloatArray = self.matrix[a].toarray()
+        return out
+
+    def grown(self, size: int) -> SparseAffinity:
+        """The table with empty lines (no neighbours) up to `size`."""
+        if size <= len(self):
+            return self
+        m = self.matrix
+        indptr = np.concatenate([m.indptr, np.full(size - len(self), m.indptr[-1])])
+        return SparseAffinity(sp.csr_matrix((m.data, m.indices, indptr), shape=(size, size)))
+
+    def with_lines(self, lines: IntArray, fresh: FloatArray) -> SparseAffinity:
+        """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size),
+        each fresh line cut to its CO_RATING_NEIGHBOURS strongest pairs."""
+        size = len(self)
+        keep = np.ones(size)
+        keep[lines] = 0.0
+        mask = sp.diags(keep)
+        rest = mask @ self.matrix @ mask  # the other lines' pairs among themselves
+        cut = np.zeros_like(fresh)
+        for at, line in enumerate(fresh):
+            top = np.argpartition(-line, min(CO_RATING_NEIGHBOURS, size - 1))[:CO_RATING_NEIGHBOURS]
+            cut[at, top] = line[top]
+        cut[:, lines] = (cut[:, lines] + cut[:, lines].T) / 2  # the fresh lines among themselves, symmetric
+        k, j = np.nonzero(cut)
+        mirror = keep[j] > 0  # the mirror images of the pairs with the other lines
+        fresh_pairs = sp.csr_matrix(
+            (np.concatenate([cut[k, j], cut[k, j][mirror]]),
+             (np.concatenate([lines[k], j[mirror]]), np.concatenate([j, lines[k][mirror]]))),
+            shape=(size, size),
+        )  # fmt: skip
+        out = (rest + fresh_pairs).tocsr()
+        out.eliminate_zeros()
+        out.sort_indices()
+        return SparseAffinity(out)
+
+    def toarray(self) -> FloatArray:
+        """The whole table as a dense array."""
+        out: FloatArray = self.matrix.toarray()
+        return out
+
+
+Affinity = DenseAffinity | SparseAffinity
 
 
 @dataclass(frozen=True)
@@ -228,21 +339,29 @@ class CoRatingGram:
     """What every co-rating table of one set of ratings is made of, whatever its exponent and shrinkage:
     where the adjusted cosine of two columns is positive (the only pairs a table can weigh: max(0, .)),
     that cosine and the count of rows that rated both. A table then costs its positive pairs (3% of
-    Flixster's item pairs, 18% of Douban's), not m^2 powers."""
+    Flixster's item pairs, 18% of Douban's), not m^2 powers. Above DENSE_TABLE_MAX columns the gram keeps
+    each column's CO_RATING_NEIGHBOURS strongest pairs only (and their mirror images), built from a sparse
+    product chunk by chunk, and its tables are sparse."""
 
     m: int
     index: IntArray
-    """Flat positions (j * m + j') of the pairs with a positive cosine, ascending."""
+    """Flat positions (j * m + j') of the pairs kept, ascending."""
     cosine: FloatArray
     co: FloatArray
+
+    @property
+    def dense(self) -> bool:
+        """Whether the tables are dense arrays (every positive pair)."""
+        return self.m <= DENSE_TABLE_MAX
 
     @classmethod
     def of(
         cls, rows: IntArray, cols: IntArray, values: FloatArray, n: int, m: int, what: str = "items"
     ) -> CoRatingGram:
         """The gram of the columns of the n x m matrix (rows, cols, values), each row's mean removed."""
-        check_co_rating_size(m, what)
         mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(np.bincount(rows, minlength=n), 1)
+        if m > DENSE_TABLE_MAX:
+            return cls._sparse(rows, cols, values - mean[rows], n, m)
         centred = np.zeros((n, m))
         centred[rows, cols] = values - mean[rows]
         norms = np.sqrt(np.einsum("ij,ij->j", centred, centred))
@@ -257,14 +376,53 @@ class CoRatingGram:
         co = (rated.T @ rated).ravel()[index]  # rows that rated both
         return cls(m, index, positive, co)
 
-    def table(self, power: float, shrink: float) -> FloatArray:
-        """w = max(0, cosine x co / (co + shrink))^power: (m, m)."""
+    @classmethod
+    def _sparse(cls, rows: IntArray, cols: IntArray, centred: FloatArray, n: int, m: int) -> CoRatingGram:
+        """Each column's strongest positive pairs from a sparse product, GRAM_CHUNK_PAIRS at a time."""
+        by_col = sp.csr_matrix((centred, (cols, rows)), shape=(m, n))  # (m, n): a column's ratings
+        rated = sp.csr_matrix((np.ones(len(rows)), (cols, rows)), shape=(m, n))
+        by_row, rated_by_row = by_col.T.tocsr(), rated.T.tocsr()
+        norms = np.sqrt(np.asarray(by_col.multiply(by_col).sum(axis=1)).reshape(-1))
+        # A column's pairs cost the ratings on the rows it touches: cut the columns into chunks by that.
+        work = np.cumsum(rated @ np.diff(rated_by_row.indptr).astype(np.float64))
+        keys, cosines, cos = [], [], []
+        lo = 0
+        while lo < m:
+            hi = max(lo + 1, int(np.searchsorted(work, (work[lo - 1] if lo else 0.0) + GRAM_CHUNK_PAIRS)))
+            num, both = by_col[lo:hi] @ by_row, rated[lo:hi] @ rated_by_row
+            num.sort_indices()
+            both.sort_indices()  # its pairs include num's (a zero product drops a pair from num only)
+            r = np.repeat(np.arange(hi - lo), np.diff(num.indptr))
+            cosine = num.data / np.maximum(norms[lo + r] * norms[num.indices], 1e-12)
+            pos = cosine > 0
+            r, c, cosine = r[pos], num.indices[pos].astype(np.int64), cosine[pos]
+            both_keys = np.repeat(np.arange(hi - lo), np.diff(both.indptr)) * m + both.indices
+            co = both.data[np.searchsorted(both_keys, r * m + c)]
+            score = cosine * co / (co + 10.0)  # the default shrinkage ranks the neighbours
+            order = np.lexsort((-score, r))
+            r, c, cosine, co = r[order], c[order], cosine[order], co[order]
+            rank = np.arange(len(r)) - np.searchsorted(r, r, side="left")
+            top = rank < CO_RATING_NEIGHBOURS
+            r, c = r[top] + lo, c[top]
+            keys += [r * m + c, c * m + r]  # and the mirror image: the table stays symmetric
+            cosines += [cosine[top]] * 2
+            cos += [co[top]] * 2
+            lo = hi
+        flat, first = np.unique(np.concatenate(keys), return_index=True)
+        return cls(m, flat, np.concatenate(cosines)[first], np.concatenate(cos)[first])
+
+    def table(self, power: float, shrink: float) -> Affinity:
+        """w = max(0, cosine x co / (co + shrink))^power: (m, m), dense or sparse."""
         w = self.co / (self.co + shrink)
         w *= self.cosine
         np.power(w, power, out=w)
+        if not self.dense:
+            line = self.index // self.m
+            indptr = np.searchsorted(line, np.arange(self.m + 1))
+            return SparseAffinity(sp.csr_matrix((w, self.index % self.m, indptr), shape=(self.m, self.m)))
         out = np.zeros(self.m * self.m)
         out[self.index] = w
-        return out.reshape(self.m, self.m)
+        return DenseAffinity(out.reshape(self.m, self.m))
 
 
 def co_rating_affinity(
@@ -276,8 +434,9 @@ def co_rating_affinity(
     power: float,
     shrink: float = 10.0,
     what: str = "items",
-) -> np.ndarray:
-    """w(j, j') = max(0, rho(j, j'))^power for every item pair: (m, m) float64.
+) -> Affinity:
+    """w(j, j') = max(0, rho(j, j'))^power for every item pair: (m, m), dense (or sparse above
+    DENSE_TABLE_MAX items: each item's strongest neighbours).
 
     rho is the cosine of the items' rating columns after removing each user's mean rating (the adjusted
     cosine of item-based kNN), times n_jj' / (n_jj' + shrink) for n_jj' users who rated both (shrink > 0).
@@ -324,7 +483,7 @@ def co_rating_rows(
 
 def affinity_messages(
     index: LineIndex,
-    affinity: np.ndarray,
+    affinity: Affinity,
     known_other: np.ndarray,
     weights: np.ndarray,
     rows: np.ndarray,
@@ -349,9 +508,9 @@ def affinity_messages(
             if 4 * len(mine) > len(affinity):
                 # Most of the table's columns asked for (a top-N over the catalogue): whole rows of the
                 # (symmetric) table, a contiguous gather, instead of a scattered (queries, members) block.
-                out[mine] = (vals.T @ np.take(affinity, known_other[members], axis=0))[:, cols[mine]].T
+                out[mine] = (vals.T @ affinity.rows(known_other[members]))[:, cols[mine]].T
             else:
-                out[mine] = affinity[np.ix_(cols[mine], known_other[members])] @ vals
+                out[mine] = affinity.block(cols[mine], known_other[members]) @ vals
         return out
     per_query = index.indptr[rows + 1] - index.indptr[rows]
     ends = np.cumsum(per_query)
@@ -361,7 +520,7 @@ def affinity_messages(
         count = per_query[lo:hi]
         owner, pos = ranges(index.indptr[rows[lo:hi]], count)
         members = index.order[pos]
-        w = affinity[cols[lo:hi][owner], known_other[members]]
+        w = affinity.pairs(cols[lo:hi][owner], known_other[members])
         vals = np.take(weights, members, axis=0)
         if with_total:
             vals = np.hstack([vals, np.ones((len(vals), 1))])
@@ -417,10 +576,10 @@ class Lines:
     same_item: float
     known: Ratings
     co_rating: float = 0.0
-    affinity: FloatArray | None = None  # (m, m) co-rating weights w(j, j'); needed when co_rating > 0
+    affinity: Affinity | None = None  # (m, m) co-rating weights w(j, j'); needed when co_rating > 0
     co_rating_prior: float = 0.0  # pseudo-count c: the normaliser gains (lambda_r + lambda_c) c
     co_rating_user: float = 0.0  # lambda_c, the user-based term's weight
-    user_affinity: FloatArray | None = None  # (n, n) user co-rating weights; needed when co_rating_user > 0
+    user_affinity: Affinity | None = None  # (n, n) user co-rating weights; needed when co_rating_user > 0
 
     @property
     def active(self) -> bool:
@@ -463,7 +622,7 @@ class Lines:
             if self.same_item > 0:
                 e += self.same_item * (a[: known.n_users] @ a[user])
             if self.co_rating_user > 0 and self.user_affinity is not None:
-                e += self.co_rating_user * self.user_affinity[user, : known.n_users]
+                e += self.co_rating_user * self.user_affinity.rows(np.array([user]))[0, : known.n_users]
             out += column_pass(known.by_col.indptr, columns, e, with_total)[cols]
             column_terms = False
         if self.same_user > 0:
@@ -788,7 +947,7 @@ class ExactParts:
         self._per_label: tuple[FloatArray, FloatArray] | None = None
         self._biases: dict[tuple[float, float], tuple[float, FloatArray, FloatArray]] = {}
 
-    def table(self, what: str, power: float, shrink: float) -> FloatArray:
+    def table(self, what: str, power: float, shrink: float) -> Affinity:
         """The co-rating table of the items (`items`) or of the users (`users`)."""
         gram = self._grams.get(what)
         if gram is None:
@@ -922,7 +1081,6 @@ class ExactScorer:
             # The changed users' rows of the user table follow their new ratings. The ratings are centred
             # by the item means the table was built with, so an entry depends on its two users' ratings
             # alone, and the table on the ratings, not on how they arrived.
-            table = new.lines.user_affinity.copy()
             k = self.kernel
             means = np.full(network.n_items, self._item_means.mean() if len(self._item_means) else 0.0)
             means[: len(self._item_means)] = self._item_means
@@ -930,10 +1088,7 @@ class ExactScorer:
                 known.cols, known.rows, known.values, network.n_items, network.n_users, users,
                 k.co_rating_power, k.co_rating_shrink, mean=means, by_row=known.by_col, by_col=known.by_row,
             )  # fmt: skip
-            table[users, :] = fresh
-            table[:, users] = fresh.T
-            block = fresh[:, users]  # exactly symmetric, as the table is: reads may take rows for columns
-            table[np.ix_(users, users)] = (block + block.T) / 2
+            table = new.lines.user_affinity.with_lines(users, fresh)
             new.lines = dataclasses.replace(new.lines, user_affinity=table)
         scale = (
             self.field.scale
@@ -993,8 +1148,8 @@ class ExactScorer:
         if not any((k.same_user, k.same_item, k.co_rating, k.co_rating_user)):
             return None
         if tables is not None:
-            items = _grown(tables.affinity, net.n_items)
-            users = _grown(tables.user_affinity, net.n_users)
+            items = None if tables.affinity is None else tables.affinity.grown(net.n_items)
+            users = None if tables.user_affinity is None else tables.user_affinity.grown(net.n_users)
         else:
             items = self._table("items") if k.co_rating > 0 else None
             users = self._table("users") if k.co_rating_user > 0 else None
@@ -1002,7 +1157,7 @@ class ExactScorer:
             k.same_user, k.same_item, known, k.co_rating, items, k.co_rating_prior, k.co_rating_user, users
         )
 
-    def _table(self, what: str) -> FloatArray:
+    def _table(self, what: str) -> Affinity:
         """The co-rating table of the items or the users (`co_rating_affinity`), from `parts` when given."""
         k, known, net = self.kernel, self.known, self.network
         if self.parts is not None:
@@ -1054,24 +1209,3 @@ class ExactScorer:
         mu, user_bias, item_bias = self.biases
         baseline = mu + user_bias[rows] + item_bias[cols]
         return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
-
-
-def _grown(table: FloatArray | None, size: int) -> FloatArray | None:
-    """A square co-rating table padded with zero rows and columns (no neighbours) up to `size`."""
-    if table is None or len(table) >= size:
-        return table
-    out = np.zeros((size, size))
-    out[: len(table), : len(table)] = table
-    return out
-
-
-def check_settings(kernel: KernelSettings, n_users: int, n_items: int) -> None:
-    """Refuse (ConfigError), before any array is loaded, kernel settings the matrix is too large for."""
-    tables = [("inference.kernel.co_rating", kernel.co_rating, n_items, "items")]
-    tables.append(("inference.kernel.co_rating_user", kernel.co_rating_user, n_users, "users"))
-    for name, weight, count, what in tables:
-        if weight > 0:
-            try:
-                check_co_rating_size(count, what)
-            except ConfigError as exc:
-                raise ConfigError(f"{exc} (set {name}=0)") from None

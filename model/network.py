@@ -5,17 +5,119 @@ This is the only module of `model/` that imports torch (training and ONNX export
 
 from __future__ import annotations
 
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
 
+# torch's notes that CSR tensors are a beta feature and skip invariant checks (our CSR comes from scipy,
+# sorted and in range): said once per process, to every user, about nothing they can act on.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+warnings.filterwarnings(
+    "ignore", message="Sparse invariant checks are implicitly disabled", category=UserWarning
+)
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """A batch of rating rows (or columns) in compressed form, what a branch reads in training: row r's
+    ratings are values[indptr[r]:indptr[r + 1]] at positions indices[...] of a line of `width`."""
+
+    indptr: np.ndarray  # (b + 1,) int64
+    indices: np.ndarray  # (nnz,) int64
+    values: torch.Tensor  # (nnz,) float32
+    width: int
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    def dense(self) -> torch.Tensor:
+        """The same rows as a dense (b, width) float32 tensor."""
+        out = torch.zeros(len(self), self.width)
+        owner = np.repeat(np.arange(len(self)), np.diff(self.indptr))
+        out[torch.from_numpy(owner), torch.from_numpy(self.indices)] = self.values
+        return out
+
+    def dropout(self, p: float) -> SparseRows:
+        """Dropout on the ratings (a dense row's zeros stay zero either way)."""
+        return SparseRows(self.indptr, self.indices, F.dropout(self.values, p), self.width)
+
+
+def _csr(m: sp.csr_matrix) -> torch.Tensor:
+    """A scipy CSR matrix (sorted indices) as a torch sparse CSR tensor."""
+    return torch.sparse_csr_tensor(
+        torch.from_numpy(m.indptr.astype(np.int64)),
+        torch.from_numpy(m.indices.astype(np.int64)),
+        torch.from_numpy(m.data),
+        size=m.shape,
+    )
+
+
+class _SparseProduct(torch.autograd.Function):
+    """rows @ weight for compressed rows: only the weight's lines of the columns the batch rated are read,
+    and the weight's gradient is a sparse (coalesced) tensor over those lines, so a step costs the batch's
+    ratings, not its rows x the catalogue."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, weight: torch.Tensor, indptr: np.ndarray, indices: np.ndarray, values: torch.Tensor
+    ) -> torch.Tensor:
+        touched, local = np.unique(indices, return_inverse=True)
+        sub = sp.csr_matrix((values.detach().numpy(), local, indptr), shape=(len(indptr) - 1, len(touched)))
+        sub.sort_indices()
+        ctx.touched = torch.from_numpy(touched)
+        ctx.transposed = sub.T.tocsr()
+        ctx.transposed.sort_indices()
+        ctx.weight_shape = weight.shape
+        out: torch.Tensor = torch.sparse.mm(_csr(sub), weight.index_select(0, ctx.touched))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        lines = torch.sparse.mm(_csr(ctx.transposed), grad.contiguous())
+        out = torch.sparse_coo_tensor(ctx.touched[None], lines, ctx.weight_shape, is_coalesced=True)
+        return out, None, None, None
+
+
+class RatingInput(nn.Module):
+    """The first layer of a branch, x W + b, with W stored input-major (in_dim, out_dim) so that a batch
+    of compressed rating rows reads (and its gradient touches) only the lines of the columns it rated.
+    A dense input (ONNX export, tests) is an ordinary matrix product. Initialised as nn.Linear."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        bound = 1.0 / math.sqrt(in_dim)
+        self.weight = nn.Parameter(torch.empty(in_dim, out_dim).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(out_dim).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor | SparseRows) -> torch.Tensor:
+        if isinstance(x, SparseRows):
+            out: torch.Tensor = _SparseProduct.apply(  # type: ignore[no-untyped-call]
+                self.weight, x.indptr, x.indices, x.values
+            )
+            return out + self.bias
+        return torch.addmm(self.bias, x, self.weight)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # Weights written before the input-major layout (nn.Linear's (out, in)) load transposed.
+        w = state_dict.get(prefix + "weight")
+        if w is not None and w.shape == self.weight.shape[::-1] and w.shape != self.weight.shape:
+            state_dict[prefix + "weight"] = w.t().contiguous()
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
 
 def _branch(in_dim: int, hidden: tuple[int, ...], dropout: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     for k, width in enumerate(hidden):
-        layers += [nn.Linear(in_dim, width), nn.BatchNorm1d(width)]
+        layers += [RatingInput(in_dim, width) if k == 0 else nn.Linear(in_dim, width), nn.BatchNorm1d(width)]
         if k < len(hidden) - 1:  # ReLU + dropout on all but the last layer
             layers += [nn.ReLU(), nn.Dropout(dropout)]
         in_dim = width
@@ -102,13 +204,13 @@ class DCMC(nn.Module):
         self.register_buffer("levels", levels, persistent=False)
         self.register_buffer("compat", compatibility_matrix(levels, config.tau), persistent=False)
 
-    def embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """User embeddings from rating rows: (b, m) -> (b, d)."""
+    def embed_rows(self, rows: torch.Tensor | SparseRows) -> torch.Tensor:
+        """User embeddings from rating rows (dense or compressed): (b, m) -> (b, d)."""
         out: torch.Tensor = self.row_branch(rows)
         return out
 
-    def embed_cols(self, cols: torch.Tensor) -> torch.Tensor:
-        """Item embeddings from rating columns: (b, n) -> (b, d)."""
+    def embed_cols(self, cols: torch.Tensor | SparseRows) -> torch.Tensor:
+        """Item embeddings from rating columns (dense or compressed): (b, n) -> (b, d)."""
         out: torch.Tensor = self.col_branch(cols)
         return out
 
@@ -118,8 +220,8 @@ class DCMC(nn.Module):
 
     def forward(
         self,
-        rows: torch.Tensor,
-        cols: torch.Tensor,
+        rows: torch.Tensor | SparseRows,
+        cols: torch.Tensor | SparseRows,
         node_rows: torch.Tensor,
         node_cols: torch.Tensor,
         mf_layers: int | None = None,
@@ -127,10 +229,11 @@ class DCMC(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Score the K entries (node_rows[k], node_cols[k]) of a batch.
 
-        rows: (br, m) rating rows; cols: (bc, n) rating columns; node_rows / node_cols: (K,) indices into
-        the batch. Returns (base log-probabilities (K, p), final log-probabilities after the mean-field
-        layers (K, p), entry similarities (K, K)). `similarity=False` with no mean-field layers skips the
-        K x K similarities (None), which nothing then needs.
+        rows: (br, m) rating rows; cols: (bc, n) rating columns (dense or compressed); node_rows /
+        node_cols: (K,) indices into the batch. Returns (base log-probabilities (K, p), final
+        log-probabilities after the mean-field layers (K, p), entry similarities (K, K)).
+        `similarity=False` with no mean-field layers skips the K x K similarities (None), which nothing
+        then needs.
         """
         u = self.embed_rows(rows)  # (br, d)
         v = self.embed_cols(cols)  # (bc, d)

@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from model.config import ModelConfig
 from model.engine import nearest_level
-from model.network import DCMC
-from model.ratings import Ratings
+from model.network import DCMC, RatingInput, SparseRows
+from model.ratings import LineIndex, Ratings, ranges
 from training.data import Entries
 from training.errors import TrainingError
 
@@ -53,9 +53,10 @@ class History:
 
 
 class RatingMatrix:
-    """The training ratings as the trainer reads them: dense input rows (row branch) and columns (column
-    branch) from the one index of known ratings (model.ratings.Ratings), and the observed entries of a
-    block through a scipy view of the same compressed rows."""
+    """The training ratings as the trainer reads them: input rows (row branch) and columns (column branch),
+    compressed (`sparse_rows`, what training reads) or dense, from the one index of known ratings
+    (model.ratings.Ratings), and the observed entries of a block through a scipy view of the same
+    compressed rows."""
 
     def __init__(self, n_users: int, n_items: int, entries: Entries) -> None:
         self.ratings = Ratings(entries.rows, entries.cols, entries.values, n_users, n_items)
@@ -72,12 +73,31 @@ class RatingMatrix:
         """Dense rating columns: (len(idx), n)."""
         return torch.from_numpy(self.ratings.dense_cols(idx))
 
+    def sparse_rows(self, idx: np.ndarray) -> SparseRows:
+        """Compressed rating rows: what `rows` holds, as (indptr, indices, values)."""
+        return _lines(self.ratings.by_row, self.ratings.cols, self.ratings.values, idx, self.n_items)
+
+    def sparse_cols(self, idx: np.ndarray) -> SparseRows:
+        """Compressed rating columns: what `cols` holds."""
+        return _lines(self.ratings.by_col, self.ratings.rows, self.ratings.values, idx, self.n_users)
+
     def block(self, rows: np.ndarray, cols: np.ndarray) -> Block:
         """The observed entries of rows x cols."""
         sub = self.by_row[rows][:, cols].tocoo()
         return Block(
             rows, cols, sub.row.astype(np.int64), sub.col.astype(np.int64), sub.data.astype(np.float64)
         )
+
+
+def _lines(
+    index: LineIndex, minor: np.ndarray, values: np.ndarray, lines: np.ndarray, width: int
+) -> SparseRows:
+    lines = np.asarray(lines, dtype=np.int64)
+    counts = index.counts(lines)
+    _, pos = ranges(index.indptr[lines], counts)
+    members = index.order[pos]
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return SparseRows(indptr, minor[members], torch.from_numpy(values[members].astype(np.float32)), width)
 
 
 def _chunks(order: np.ndarray, size: int) -> list[np.ndarray]:
@@ -120,9 +140,9 @@ def block_loss(
     rows and columns the branches read."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
-    rows, cols = matrix.rows(block.rows), matrix.cols(block.cols)
+    rows, cols = matrix.sparse_rows(block.rows), matrix.sparse_cols(block.cols)
     if input_dropout > 0:
-        rows, cols = F.dropout(rows, input_dropout), F.dropout(cols, input_dropout)
+        rows, cols = rows.dropout(input_dropout), cols.dropout(input_dropout)
     # With beta = 0 and no mean-field layers the K x K similarities would only add zeros to the gradients
     # (and most of a block's time): they are not computed.
     _, log_q, sim = model(rows, cols, node_rows, node_cols, mf_layers, similarity=beta > 0)
@@ -151,11 +171,11 @@ def embed_all(model: DCMC, matrix: RatingMatrix, chunk: int = 1024) -> tuple[np.
     was_training = model.training
     model.eval()
     users = [
-        model.embed_rows(matrix.rows(np.arange(s, min(s + chunk, matrix.n_users))))
+        model.embed_rows(matrix.sparse_rows(np.arange(s, min(s + chunk, matrix.n_users))))
         for s in range(0, matrix.n_users, chunk)
     ]
     items = [
-        model.embed_cols(matrix.cols(np.arange(s, min(s + chunk, matrix.n_items))))
+        model.embed_cols(matrix.sparse_cols(np.arange(s, min(s + chunk, matrix.n_items))))
         for s in range(0, matrix.n_items, chunk)
     ]
     model.train(was_training)
@@ -202,8 +222,10 @@ def train(
     cfg = train_config
     torch.manual_seed(cfg.seed)
     model = DCMC(model_config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_halve_every, gamma=0.5)
+    optimizers = make_optimizers(model, cfg.lr, cfg.weight_decay)
+    schedulers = [
+        torch.optim.lr_scheduler.StepLR(o, step_size=cfg.lr_halve_every, gamma=0.5) for o in optimizers
+    ]
     history = History()
     # The weight average evaluated and published instead of the live weights (ema_decay > 0).
     ema = (
@@ -220,8 +242,10 @@ def train(
         if state["model_config"] != model_config.to_dict() or state["train_config"] != cfg.to_dict():
             raise TrainingError(f"--resume: {ckpt_path} was written with a different configuration")
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        for o, o_state in zip(optimizers, state["optimizers"], strict=True):
+            o.load_state_dict(o_state)
+        for sched, s_state in zip(schedulers, state["schedulers"], strict=True):
+            sched.load_state_dict(s_state)
         if ema is not None:
             ema.load_state_dict(state["ema"])
         history.epochs = list(state["history"])
@@ -230,6 +254,14 @@ def train(
             log.info("resumed from %s after epoch %d", ckpt_path, start_epoch)
     net: torch.nn.Module = model
     if distributed:
+        # DDP handles dense gradients only: the input weights are left out of it, start from rank 0's
+        # values as DDP's own do, and their sparse gradients are averaged by `_all_reduce_sparse`.
+        sparse = [(n, p) for n, p in model.named_parameters() if id(p) in _sparse_ids(model)]
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [n for n, _ in sparse]
+        )
+        for _, p in sparse:
+            dist.broadcast(p.data, src=0)
         net = torch.nn.parallel.DistributedDataParallel(model)
     matrix = RatingMatrix(model_config.n_users, model_config.n_items, train_entries)
     levels = np.asarray(model_config.levels, dtype=np.float64)
@@ -260,13 +292,18 @@ def train(
             loss, _ = block_loss(
                 net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2, cfg.rating_mse, cfg.input_dropout
             )
-            optimizer.zero_grad(set_to_none=True)
+            for o in optimizers:
+                o.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            if distributed:
+                _all_reduce_sparse(model, world)
+            for o in optimizers:
+                o.step()
             if ema is not None:
                 ema.update_parameters(model)
             losses.append(float(loss.detach()))
-        scheduler.step()
+        for sched in schedulers:
+            sched.step()
         if not np.isfinite(losses).all():
             raise TrainingError(f"loss became NaN/inf in epoch {epoch + 1}; lower the learning rate")
         record: dict[str, float] = {
@@ -286,7 +323,7 @@ def train(
         if ckpt_path is not None and ((epoch + 1) % cfg.checkpoint_every == 0 or last):
             if rank == 0:
                 save_checkpoint(
-                    ckpt_path, model, optimizer, scheduler, epoch + 1, history, model_config, cfg, ema
+                    ckpt_path, model, optimizers, schedulers, epoch + 1, history, model_config, cfg, ema
                 )
             if distributed:
                 dist.barrier()
@@ -301,6 +338,39 @@ def train(
     return model, matrix, history
 
 
+def _sparse_ids(model: DCMC) -> set[int]:
+    """The parameters that get sparse gradients: the branches' input weights."""
+    return {id(m.weight) for m in model.modules() if isinstance(m, RatingInput)}
+
+
+def _all_reduce_sparse(model: DCMC, world: int) -> None:
+    """Average the sparse gradients over the processes, as DDP does the dense ones (a process whose blocks
+    touched none of a weight's lines contributes an empty gradient)."""
+    for p in model.parameters():
+        if id(p) not in _sparse_ids(model):
+            continue
+        grad = (
+            p.grad
+            if p.grad is not None
+            else torch.sparse_coo_tensor(
+                torch.empty(1, 0, dtype=torch.int64), torch.empty(0, *p.shape[1:]), p.shape
+            )
+        )
+        dist.all_reduce(grad)
+        p.grad = (grad / world).coalesce()
+
+
+def make_optimizers(model: DCMC, lr: float, weight_decay: float) -> list[torch.optim.Optimizer]:
+    """Adam for every parameter but the branches' input weights, which get sparse gradients (the lines of
+    the columns a block rated) and lazy Adam (torch.optim.SparseAdam: moments and weights of the touched
+    lines only), so that a step costs the block's ratings, not the catalogue. `weight_decay` applies to
+    the Adam part only."""
+    ids = _sparse_ids(model)
+    sparse = [p for p in model.parameters() if id(p) in ids]
+    dense = [p for p in model.parameters() if id(p) not in ids]
+    return [torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay), torch.optim.SparseAdam(sparse, lr=lr)]
+
+
 def _published(model: DCMC, ema: AveragedModel | None) -> DCMC:
     """The network that is validated and written out: the weight average when there is one."""
     return model if ema is None else ema.module  # type: ignore[return-value]
@@ -309,8 +379,8 @@ def _published(model: DCMC, ema: AveragedModel | None) -> DCMC:
 def save_checkpoint(
     path: Path,
     model: DCMC,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    optimizers: list[torch.optim.Optimizer],
+    schedulers: list[Any],
     epoch: int,
     history: History,
     model_config: ModelConfig,
@@ -325,8 +395,8 @@ def save_checkpoint(
         {
             **extra,
             "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
+            "optimizers": [o.state_dict() for o in optimizers],
+            "schedulers": [sched.state_dict() for sched in schedulers],
             "epoch": epoch,
             "history": history.epochs,
             "model_config": model_config.to_dict(),

@@ -27,7 +27,6 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import optuna
 from model.artifact import MANIFEST, Artifact, artifact_writer, load_artifact, save_known_field
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
 from model.engine import expected_rating
-from model.exact import CO_RATING_MAX_ITEMS, ExactParts, ExactScorer
+from model.exact import ExactParts, ExactScorer
 from model.scorers import build_scorer, load_network
 
 log = logging.getLogger(__name__)
@@ -97,35 +96,18 @@ def settings_of(relative: dict[str, float], scale: dict[str, float]) -> dict[str
     return out
 
 
-def start(n_users: int, n_items: int) -> dict[str, float]:
-    """`START`, less the co-rating terms the matrix is too large for."""
-    return {**START, **dict.fromkeys(too_large(n_users, n_items), 0.0)}
-
-
 def start_inference(levels: np.ndarray, n_users: int, n_items: int) -> InferenceConfig:
     """`START` for this rating scale and matrix size (the inference of an untuned artifact)."""
-    return InferenceConfig().with_overrides(
-        settings_of(start(n_users, n_items), units(levels, n_users, n_items))
-    )
+    return InferenceConfig().with_overrides(settings_of(START, units(levels, n_users, n_items)))
 
 
-def too_large(n_users: int, n_items: int) -> dict[str, str]:
-    """The co-rating terms a matrix is too large for (their tables are refused), with why: kept off."""
-    out = {}
-    if n_items > CO_RATING_MAX_ITEMS:
-        out["kernel.co_rating"] = f"{n_items} items > {CO_RATING_MAX_ITEMS}: no item table"
-    if n_users > CO_RATING_MAX_ITEMS:
-        out["kernel.co_rating_user"] = f"{n_users} users > {CO_RATING_MAX_ITEMS}: no user table"
-    return out
-
-
-def _sample(trial: optuna.Trial, off: Collection[str] = ()) -> dict[str, float]:
-    """One point of the search space, in its units (0 = off); the settings `off` stay 0."""
+def _sample(trial: optuna.Trial) -> dict[str, float]:
+    """One point of the search space, in its units (0 = off)."""
     out: dict[str, float] = {}
     for name, r in search_space().items():
         if name in CO_RATING:
             continue
-        out[name] = 0.0 if name in off else _suggest(trial, name, r)
+        out[name] = _suggest(trial, name, r)
     if out["kernel.co_rating"] > 0 or out["kernel.co_rating_user"] > 0:
         for name in CO_RATING:
             out[name] = _suggest(trial, name, search_space()[name])
@@ -191,8 +173,6 @@ def tune(
     levels = artifact.levels
     scale = units(levels, network.n_users, network.n_items)
     parts = ExactParts(network, known)
-    off = too_large(network.n_users, network.n_items)
-    first = start(network.n_users, network.n_items)
     probs = network.probabilities(val.rows, val.cols)
     truth = val.values
 
@@ -206,7 +186,7 @@ def tune(
 
     def objective(trial: optuna.Trial) -> float:
         t0 = time.perf_counter()
-        relative = _sample(trial, off)
+        relative = _sample(trial)
         inference = InferenceConfig().with_overrides(settings_of(relative, scale))
         value = score(inference)
         record.append(
@@ -223,7 +203,7 @@ def tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and the record say enough
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    study.enqueue_trial(_params(first))
+    study.enqueue_trial(_params(START))
     bar = _progress(trials, progress)
     try:
         study.optimize(
@@ -257,8 +237,7 @@ def tune(
         "n_known": len(known),
         "units": scale,
         "search_space": {name: asdict(r) for name, r in search_space().items()},
-        "start": first,
-        "kept_off": off,
+        "start": START,
         "base_network_val_rmse": base_rmse,
         "best_trial": best["trial"],
         "best_val_rmse": best["val_rmse"],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from model import engine, exact
-from model.config import ConfigError, InferenceConfig, ModelConfig
+from model.config import InferenceConfig, ModelConfig
 from model.engine import Network
 from model.ratings import LineIndex, Ratings
 from model.scorers import build_scorer, predict_distributions
@@ -255,22 +255,73 @@ def _adjusted_cosine(rows, cols, values, n, m, power, shrink=10.0):  # type: ign
     return w
 
 
-def test_co_rating_affinity_is_the_shrunk_adjusted_cosine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_co_rating_affinity_is_the_shrunk_adjusted_cosine() -> None:
     rng = np.random.default_rng(14)
     n, m = 9, 6
     rows, cols = np.nonzero(rng.random((n, m)) < 0.6)
     values = rng.integers(1, 6, len(rows)).astype(float)
     rows, cols, values = rows[cols != 5], cols[cols != 5], values[cols != 5]  # item 5: nobody rated it
     for power, shrink in ((1.0, 10.0), (3.0, 10.0), (3.0, 0.5)):
-        got = exact.co_rating_affinity(rows, cols, values, n, m, power, shrink)
+        got = exact.co_rating_affinity(rows, cols, values, n, m, power, shrink).toarray()
         want = _adjusted_cosine(rows, cols, values, n, m, power, shrink)
         np.testing.assert_allclose(got, want, atol=1e-12)
     assert (got >= 0).all() and not got[5].any() and got[np.triu_indices(5, 1)].any()
-    monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
-    with pytest.raises(ConfigError, match="6 items exceed 5"):
-        exact.co_rating_affinity(rows, cols, values, n, m, 2.0)
-    with pytest.raises(ConfigError, match="user x user table; 9 users exceed 5"):
-        exact.co_rating_affinity(cols, rows, values, m, n, 2.0, what="users")
+
+
+def _ratings(n: int, m: int, density: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    rows, cols = np.nonzero(rng.random((n, m)) < density)
+    return rows, cols, rng.integers(1, 6, len(rows)).astype(float)
+
+
+def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Above DENSE_TABLE_MAX lines the gram is a chunked sparse product; with as many neighbours kept as
+    # there are lines it holds every positive pair, so its tables equal the dense ones.
+    rows, cols, values = _ratings(40, 30, 0.3, 3)
+    dense = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
+    users = exact.co_rating_affinity(cols, rows, values, 30, 40, 2.0, 5.0, what="users")
+    assert isinstance(dense, exact.DenseAffinity)
+    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 40)
+    monkeypatch.setattr(exact, "GRAM_CHUNK_PAIRS", 50)  # many chunks
+    sparse = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
+    assert isinstance(sparse, exact.SparseAffinity)
+    np.testing.assert_allclose(sparse.toarray(), dense.toarray(), atol=1e-12)
+    sparse_users = exact.co_rating_affinity(cols, rows, values, 30, 40, 2.0, 5.0, what="users")
+    np.testing.assert_allclose(sparse_users.toarray(), users.toarray(), atol=1e-12)
+    a, b = np.array([0, 3, 7, 29]), np.array([5, 3, 0, 1])
+    np.testing.assert_allclose(sparse.pairs(a, b), dense.pairs(a, b), atol=1e-12)
+    np.testing.assert_allclose(sparse.block(a, b), dense.block(a, b), atol=1e-12)
+    np.testing.assert_allclose(sparse.rows(a), dense.rows(a), atol=1e-12)
+    np.testing.assert_allclose(sparse.grown(33).toarray(), dense.grown(33).toarray(), atol=1e-12)
+    fresh = np.abs(np.random.default_rng(1).normal(size=(2, 30)))
+    lines = np.array([4, 11])
+    np.testing.assert_allclose(
+        sparse.with_lines(lines, fresh).toarray(), dense.with_lines(lines, fresh).toarray(), atol=1e-12
+    )
+
+
+def test_a_sparse_table_keeps_each_lines_strongest_neighbours_and_stays_symmetric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows, cols, values = _ratings(60, 40, 0.4, 4)
+    full = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
+    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 3)
+    cut = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
+    np.testing.assert_array_equal(cut, cut.T)
+    kept = cut > 0
+    np.testing.assert_allclose(cut[kept], full[kept], atol=1e-12)  # kept pairs keep their values
+    for j in range(40):  # (power 1, shrink 10: the table is the ranking score itself)
+        strongest = np.sort(full[j])[::-1][:3]
+        np.testing.assert_allclose(np.sort(cut[j])[::-1][:3], strongest[strongest > 0].tolist()
+                                   + [0.0] * (3 - int((strongest > 0).sum())), atol=1e-12)  # fmt: skip
+    assert kept.sum() < (full > 0).sum()  # fewer pairs than the full table
+    fresh = np.abs(np.random.default_rng(2).normal(size=(1, 40)))
+    updated = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).with_lines(np.array([7]), fresh)
+    table = updated.toarray()
+    np.testing.assert_array_equal(table, table.T)
+    assert (table[7] > 0).sum() == 3 and np.isclose(table[7].max(), fresh.max())
 
 
 def test_co_rating_rows_are_rows_of_the_table() -> None:
@@ -281,7 +332,7 @@ def test_co_rating_rows_are_rows_of_the_table() -> None:
     keep = cols != 6  # column 6: nobody rated it
     rows, cols, values = rows[keep], cols[keep], values[keep]
     targets = np.array([3, 6, 0, 3])
-    table = exact.co_rating_affinity(rows, cols, values, n, m, 3.0, 2.0)
+    table = exact.co_rating_affinity(rows, cols, values, n, m, 3.0, 2.0).toarray()
     got = exact.co_rating_rows(rows, cols, values, n, m, targets, 3.0, 2.0)
     np.testing.assert_allclose(got, table[targets], rtol=1e-12, atol=1e-15)
     # Centred by given means instead of each row's own: the same definition with those means.

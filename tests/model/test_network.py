@@ -116,3 +116,46 @@ def test_numpy_probabilities_match_torch_decoder() -> None:
             torch.einsum("kd,pde,ke->kp", torch.tensor(u[rows]), torch.tensor(b), torch.tensor(v[cols])), -1
         )
     assert np.allclose(got, ref.numpy(), atol=1e-12)
+
+
+def test_compressed_rows_give_the_dense_rows_output_and_a_sparse_gradient_of_the_rated_lines() -> None:
+    from model.network import RatingInput, SparseRows
+
+    torch.manual_seed(0)
+    layer = RatingInput(50, 8)
+    rng = np.random.default_rng(1)
+    dense = np.where(rng.random((6, 50)) < 0.2, rng.integers(1, 6, (6, 50)), 0).astype(np.float32)
+    dense[2] = 0.0  # a row with no ratings
+    rows, cols = np.nonzero(dense)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=6))]).astype(np.int64)
+    order = rng.permutation(len(rows))  # within a row the ratings come in any order
+    order = order[np.argsort(rows[order], kind="stable")]
+    batch = SparseRows(
+        indptr, cols[order].astype(np.int64), torch.from_numpy(dense[rows[order], cols[order]]), 50
+    )
+    np.testing.assert_array_equal(batch.dense().numpy(), dense)
+    out_sparse = layer(batch)
+    grad_out = torch.randn(6, 8)
+    (out_sparse * grad_out).sum().backward()
+    sparse_grad = layer.weight.grad
+    assert sparse_grad.is_sparse
+    assert sorted(sparse_grad._indices()[0].tolist()) == sorted(
+        set(cols.tolist())
+    )  # the rated lines, once each
+    layer.weight.grad = None
+    out_dense = layer(torch.from_numpy(dense))
+    (out_dense * grad_out).sum().backward()
+    torch.testing.assert_close(out_sparse, out_dense, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sparse_grad.to_dense(), layer.weight.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_dense, torch.from_numpy(dense) @ layer.weight + layer.bias)
+
+
+def test_weights_saved_in_the_linear_layout_load_transposed() -> None:
+    from model.network import RatingInput
+
+    layer = RatingInput(7, 3)
+    old = {"weight": torch.randn(3, 7), "bias": torch.randn(3)}  # nn.Linear's (out, in)
+    layer.load_state_dict(old)
+    torch.testing.assert_close(layer.weight, old["weight"].t())
+    x = torch.randn(2, 7)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, old["weight"], old["bias"]))

@@ -175,7 +175,7 @@ def test_the_changed_users_rows_of_the_user_table_follow_their_ratings(artifact:
     fold.apply(_batch(artifact))
     scorer = fold.state.scorer
     assert isinstance(scorer, ExactScorer) and scorer.lines is not None
-    table = scorer.lines.user_affinity
+    table = None if scorer.lines.user_affinity is None else scorer.lines.user_affinity.toarray()
     assert table is not None
     known, k = fold.state.known, scorer.kernel
     base = artifact.known()

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from model import exact
 from service.__main__ import main as serve_main
 from tests.service.conftest import DCMC, free_port
 
@@ -31,27 +30,6 @@ def test_missing_artifact_prevents_start_up(tmp_path: Path) -> None:
     done = _serve(tmp_path / "nothing-here")
     assert done.returncode != 0
     assert "does not exist" in done.stderr
-
-
-@pytest.mark.parametrize(
-    ("variable", "what"),
-    [("DCMC_INFERENCE__KERNEL__CO_RATING", "items"), ("DCMC_INFERENCE__KERNEL__CO_RATING_USER", "users")],
-)
-def test_co_rating_on_too_many_items_prevents_start_up(
-    tiny_artifact: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    variable: str,
-    what: str,
-) -> None:
-    # The m x m (or n x n) co-rating table is refused before any worker starts, in one line.
-    monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
-    for name, value in {"DCMC_ARTIFACTS": "", "DCMC_INFERENCE__MODE": "exact", variable: "1"}.items():
-        monkeypatch.setenv(name, value)
-    assert serve_main(["--artifacts", str(tiny_artifact)]) == 2
-    err = capsys.readouterr().err
-    setting = variable.removeprefix("DCMC_").lower().replace("__", ".")
-    assert f"{what} exceed 5" in err and f"{setting}=0" in err and "Traceback" not in err
 
 
 def test_a_misspelt_inference_variable_prevents_start_up(

@@ -159,21 +159,6 @@ def test_evaluate_refuses_a_tampered_artifact(
     _assert_clean_error(proc, f"{victim} fails its checksum")
 
 
-def test_evaluate_refuses_co_rating_on_too_many_items(
-    tiny_artifact: Path,
-    synthetic_csv: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from model import exact
-    from training.cli import main
-
-    monkeypatch.setattr(exact, "CO_RATING_MAX_ITEMS", 5)
-    argv = ["evaluate", "--artifacts", str(tiny_artifact), "--data-dir", str(synthetic_csv)]
-    assert main([*argv, "--set", "inference.mode=exact", "--set", "inference.kernel.co_rating=1"]) == 2
-    assert "items exceed 5" in capsys.readouterr().err
-
-
 def _evaluate_argv(artifact: Path, data: Path, *settings: str) -> list[str]:
     argv = ["evaluate", "--artifacts", str(artifact), "--data-dir", str(data)]
     for setting in settings:

@@ -62,6 +62,8 @@ def test_rating_matrix_reads_one_index_of_the_ratings() -> None:
     np.testing.assert_array_equal(matrix.by_row.toarray(), dense)
     idx = np.array([3, 0, 29, 3])
     np.testing.assert_array_equal(matrix.rows(idx).numpy(), dense[idx])
+    np.testing.assert_array_equal(matrix.sparse_rows(idx).dense().numpy(), dense[idx])
+    np.testing.assert_array_equal(matrix.sparse_cols(idx[:3] % 20).dense().numpy(), dense.T[idx[:3] % 20])
     np.testing.assert_array_equal(matrix.cols(idx[:3] % 20).numpy(), dense.T[idx[:3] % 20])
     assert matrix.rows(idx).dtype == torch.float32
 
@@ -219,6 +221,41 @@ def test_torchrun_two_processes_complete(synthetic_csv: Path, tmp_path: Path) ->
     assert proc.stdout.count('"artifacts"') == 1  # only rank 0 reports and writes
 
 
+_RANK_SCRIPT = """
+import sys, torch, numpy as np, torch.distributed as dist
+from model.config import ModelConfig
+from training.config import TrainConfig
+from training.data import Entries
+from training.trainer import train
+dist.init_process_group("gloo")
+rng = np.random.default_rng(0)
+rows, cols = np.nonzero(rng.random((40, 30)) < 0.3)
+entries = Entries(rows, cols, rng.integers(1, 6, len(rows)).astype(np.float64))
+cfg = ModelConfig(n_users=40, n_items=30, levels=(1.0, 2.0, 3.0, 4.0, 5.0), hidden=(16, 8), mf_layers=0)
+tc = TrainConfig(epochs=2, block_rows=10, block_cols=10, seed=dist.get_rank())
+model, _, _ = train(cfg, tc, entries, None, progress=False)
+torch.save(model.state_dict(), sys.argv[1] + f"/rank{dist.get_rank()}.pt")
+"""
+
+
+def test_torchrun_processes_keep_the_same_weights_sparse_ones_included(tmp_path: Path) -> None:
+    # Each process seeds its own initialisation differently: the processes start from rank 0's weights and
+    # every step averages the gradients, the input weights' sparse ones included, so the weights stay equal.
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    for name, value in a.items():
+        if "running_" not in name and "num_batches" not in name:  # BatchNorm statistics: rank 0's each step
+            assert torch.allclose(value, b[name], atol=1e-6), name
+    start = torch.load(tmp_path / "rank0.pt", weights_only=True)["row_branch.0.weight"]
+    assert start.abs().sum() > 0
+
+
 def _small_net_and_block(mf_layers: int) -> tuple[torch.nn.Module, RatingMatrix, Block, np.ndarray]:
     """A seeded 16-8 network on a 30 x 20 matrix on 1..5, and the single block that covers the matrix."""
     from model.network import DCMC
@@ -258,7 +295,7 @@ def test_input_dropout_zeroes_and_rescales_the_branch_inputs_in_training_only() 
     net, matrix, block, levels = _small_net_and_block(mf_layers=0)
     net.train()
     seen: list[torch.Tensor] = []
-    net.row_branch.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    net.row_branch.register_forward_pre_hook(lambda _m, args: seen.append(args[0].dense()))
     plain, _ = block_loss(net, matrix, block, levels, 0, 0.0, 3.5)
     dropped, _ = block_loss(net, matrix, block, levels, 0, 0.0, 3.5, input_dropout=0.5)
     full, noisy = seen[0], seen[1]
