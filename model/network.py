@@ -137,6 +137,16 @@ def scaled_cosine(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (1.0 + xn @ yn.T) / 2.0
 
 
+def _node_similarity(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """scaled_cosine(x, x)[nodes][:, nodes], from the smaller of the two products: all b x b pairs of the
+    batch's lines then gathered (a dense block), or the K x K pairs of the nodes' lines directly (a sparse
+    block, where the K nodes are far fewer than b^2)."""
+    if len(x) <= len(nodes):
+        return scaled_cosine(x, x)[nodes][:, nodes]
+    picked = x[nodes]
+    return scaled_cosine(picked, picked)
+
+
 def mean_field(
     log_p: torch.Tensor,
     sim: torch.Tensor,
@@ -241,9 +251,7 @@ class DCMC(nn.Module):
         layers = self.config.mf_layers if mf_layers is None else mf_layers
         if not similarity and layers == 0:
             return log_p, log_p, None
-        s_r = scaled_cosine(u, u)  # (br, br)
-        s_c = scaled_cosine(v, v)  # (bc, bc)
-        sim = s_r[node_rows][:, node_rows] * s_c[node_cols][:, node_cols]  # (K, K)
+        sim = _node_similarity(u, node_rows) * _node_similarity(v, node_cols)  # (K, K)
         normalized = self.config.message_scaling == "normalized"
         compat: torch.Tensor = self.compat  # type: ignore[assignment]  # a registered buffer
         log_q = mean_field(log_p, sim, compat, self.config.gamma, layers, normalized)

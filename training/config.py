@@ -7,6 +7,7 @@ epoch visits every row-chunk x column-chunk block once). `tiny` trains in second
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
@@ -198,6 +199,20 @@ def preset(dataset: str, name: str = "default") -> Preset:
             {"mode": "paper", "paper": {"subset_rows": 8, "subset_cols": 8, "repeats": 3}}
         )
     return Preset(model=model, train=train, inference=inference, tune=name == "default")
+
+
+BLOCK_ENTRIES = 1024
+"""The fewest ratings a mini-batch block of the `csv` preset holds on average: on a sparse matrix the
+preset's block (128 x 256) would hold a handful (Epinions' density, 1e-4: 4), and an epoch would be
+tens of thousands of steps of almost no data."""
+
+
+def sized_blocks(rows: int, cols: int, n_users: int, n_items: int, n_ratings: int) -> tuple[int, int]:
+    """A block of the shape rows x cols, grown (same aspect) until it holds BLOCK_ENTRIES ratings on
+    average at this density, and at most the matrix."""
+    expected = rows * cols * n_ratings / max(1, n_users * n_items)
+    grow = math.sqrt(BLOCK_ENTRIES / expected) if 0 < expected < BLOCK_ENTRIES else 1.0
+    return min(n_users, max(rows, round(rows * grow))), min(n_items, max(cols, round(cols * grow)))
 
 
 def override(train: TrainConfig, **changes: Any) -> TrainConfig:

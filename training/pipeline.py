@@ -12,7 +12,7 @@ import numpy as np
 import torch.distributed as dist
 
 from model.config import ConfigError, ModelConfig
-from training.config import TrainConfig, preset
+from training.config import BLOCK_ENTRIES, TrainConfig, preset, sized_blocks
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
 from training.online import read_online_ratings, with_online
@@ -118,6 +118,13 @@ def run_training(
     if chosen.tune:
         inference = start_inference(np.asarray(model_cfg.levels), model_cfg.n_users, model_cfg.n_items)
     inference = inference.with_overrides(inference_over)
+    if dataset == "csv" and preset_name == "default" and not {"block_rows", "block_cols"} & set(train_over):
+        rows, cols = sized_blocks(
+            train_cfg.block_rows, train_cfg.block_cols, data.n_users, data.n_items, len(data.train)
+        )
+        if (rows, cols) != (train_cfg.block_rows, train_cfg.block_cols):
+            log.info("blocks of %d x %d (%d expected ratings each)", rows, cols, BLOCK_ENTRIES)
+            train_cfg = replace(train_cfg, block_rows=rows, block_cols=cols)
     if data.val is not None:
         train_entries, val_entries = data.train, data.val
     elif train_cfg.val_fraction > 0:

@@ -52,6 +52,17 @@ def test_compose_services_health_checks_and_volumes() -> None:
     assert installs and all('".[serve]"' in line and "torch" not in line.split("&&")[0] for line in installs)
 
 
+def test_compose_can_scale_the_api_on_one_redis() -> None:
+    # `--scale api=N` needs no container_name and a host port range with room for N replicas.
+    api = _compose()["services"]["api"]
+    assert "container_name" not in api
+    (published,) = api["ports"]
+    host, _, container = published.rpartition(":")
+    low, high = (int(x) for x in re.fullmatch(r"\$\{API_PORTS:-(\d+)-(\d+)\}", host).groups())  # type: ignore[union-attr]
+    assert container == "8000" and high - low + 1 >= 4
+    assert api["environment"]["REDIS_URL"] == "redis://redis:6379/0"  # every replica: the same Redis
+
+
 def _instructions(dockerfile: str) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) per Dockerfile instruction, with comments dropped and continuations joined."""
     lines = [line for line in dockerfile.splitlines() if not line.lstrip().startswith("#")]

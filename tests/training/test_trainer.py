@@ -340,3 +340,26 @@ def test_blocks_list_their_entries_as_the_canonical_csr_does() -> None:
     np.testing.assert_array_equal(block.node_rows, ref.row)
     np.testing.assert_array_equal(block.node_cols, ref.col)
     np.testing.assert_array_equal(block.values, ref.data)
+
+
+def test_line_adam_takes_sparse_adams_steps() -> None:
+    from training.trainer import LineAdam
+
+    torch.manual_seed(0)
+    ours, theirs = torch.nn.Parameter(torch.randn(30, 4)), torch.nn.Parameter(torch.randn(30, 4))
+    theirs.data.copy_(ours.data)
+    start = ours.data.clone()
+    touched: set[int] = set()
+    opt_ours, opt_theirs = LineAdam([ours], lr=0.05), torch.optim.SparseAdam([theirs], lr=0.05)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        lines = torch.from_numpy(np.sort(rng.choice(30, 7, replace=False)))
+        touched |= set(lines.tolist())
+        grad = torch.sparse_coo_tensor(lines[None], torch.randn(7, 4), (30, 4))
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        opt_ours.step()
+        opt_theirs.step()
+        torch.testing.assert_close(ours.data, theirs.data, rtol=1e-5, atol=1e-6)
+    never = sorted(set(range(30)) - touched)
+    assert never and torch.equal(ours.data[never], start[never])  # lazy: lines without a gradient wait
+    assert not torch.equal(ours.data, start)

@@ -1,0 +1,460 @@
+"""How DCMC's cost grows with the data, on this machine: training, the artifact, serving, accuracy.
+
+Phases (each appends its records to benchmarks/results/scale.jsonl, stamped with the commit; `report`
+writes scale.md and scale-curve.png from every record):
+
+    python benchmarks/scale.py train --name epinions-synth --dataset csv --data DIR/ratings.csv \
+        --split random [--epochs 10 --halve-every 4] [--runs runs/scale]
+        `dcmc train` under /usr/bin/time (peak RSS, wall), its per-epoch seconds and the search's, the
+        artifact's size; then the test split scored ONCE: `dcmc evaluate` (the tuned inference and the
+        network alone) beside Surprise `SVD` (defaults, fitted on the same training and validation
+        ratings). Every look at a test split is this record.
+    python benchmarks/scale.py serve --name epinions-synth --artifacts runs/scale/epinions-synth
+        `dcmc serve` (2 workers, private redis-server): seconds to /ready, RSS and PSS per worker at rest,
+        `/predict` (100 random items, a random user each time) and `/recommend?k=10` p50/p99 over
+        sequential requests.
+    python benchmarks/scale.py curve --ratings 100000 300000 1000000 [--shape epinions] [--max-steps 300]
+        For each size, `dcmc data synth --shape SHAPE --ratings N`, then the default training loop of the
+        csv preset (its blocks sized to the density) in a child process under /usr/bin/time: an epoch's
+        steps, seconds per step, peak RSS. An epoch of more than --max-steps steps is timed over its
+        first --max-steps steps and its epoch time extrapolated (said so in the record and the table).
+    python benchmarks/scale.py report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+RESULTS = REPO / "benchmarks" / "results"
+RECORDS = RESULTS / "scale.jsonl"
+DCMC = [sys.executable, "-m", "training.cli"]
+
+
+def _append(record: dict[str, Any]) -> None:
+    from loadgen import commit_label
+
+    record = {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit_label(),
+        **record,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with RECORDS.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float]:
+    """Run `cmd` under /usr/bin/time -v: (stdout, wall seconds, peak RSS in MB)."""
+    proc = subprocess.run(
+        ["/usr/bin/time", "-v", *cmd],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    rss = float(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1)) / 1024  # type: ignore[union-attr]
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", proc.stderr).group(1)  # type: ignore[union-attr]
+    seconds = sum(float(x) * 60**i for i, x in enumerate(reversed(wall.split(":"))))
+    return proc.stdout, seconds, rss
+
+
+def _last_json(out: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return found
+
+
+def _size_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def surprise_svd(dataset: str, data: str, split: str) -> dict[str, Any]:
+    """Surprise SVD (defaults, seeded) fitted on the training and validation ratings, RMSE on the test."""
+    from surprise import SVD, Dataset, Reader
+
+    from training.data import Entries, load_dataset
+
+    s = load_dataset(dataset, data, split=split, seed=0)
+    known = s.train if s.val is None else Entries.concat([s.train, s.val])
+    reader = Reader(rating_scale=(float(s.levels[0]), float(s.levels[-1])))
+    triples = zip(known.rows.tolist(), known.cols.tolist(), known.values.tolist(), strict=True)
+    trainset = Dataset(reader).construct_trainset([(f"u{r}", f"i{c}", v, None) for r, c, v in triples])
+    t0 = time.perf_counter()
+    algo = SVD(random_state=0)
+    algo.fit(trainset)
+    fit = time.perf_counter() - t0
+    test = s.test
+    est = np.array([algo.predict(f"u{r}", f"i{c}").est for r, c in zip(test.rows, test.cols, strict=True)])
+    return {"svd_rmse": float(np.sqrt(np.mean((est - test.values) ** 2))), "svd_fit_seconds": round(fit, 1)}
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    out = Path(args.runs) / args.name
+    argv = [
+        *DCMC,
+        "train",
+        "--dataset",
+        args.dataset,
+        "--data-dir",
+        args.data,
+        "--split",
+        args.split,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    if args.epochs:
+        argv += ["--epochs", str(args.epochs)]
+    if args.halve_every:
+        argv += ["--set", f"lr_halve_every={args.halve_every}"]
+    stdout, wall, rss = timed(argv)
+    metrics = _last_json(stdout)
+    history = metrics.get("history") or json.loads((out / "metrics.json").read_text()).get("history", [])
+    epoch_seconds = [round(float(e["seconds"]), 1) for e in history]
+    config = json.loads((out / "config.json").read_text())
+    record: dict[str, Any] = {
+        "phase": "train",
+        "name": args.name,
+        "command": " ".join(["python", *argv[1:]]),
+        "ratings_train": metrics["n_train"],
+        "ratings_val": metrics["n_val"],
+        "users": config["model"]["n_users"],
+        "items": config["model"]["n_items"],
+        "blocks": [config["train"]["block_rows"], config["train"]["block_cols"]],
+        "epochs": metrics["epochs"],
+        "epoch_seconds": epoch_seconds,
+        "train_seconds": metrics["train_seconds"],
+        "val_rmse": metrics["val_rmse"],
+        "tuning": metrics.get("tuning"),
+        "wall_seconds": round(wall, 1),
+        "peak_rss_mb": round(rss, 1),
+        "artifact_mb": round(_size_mb(out), 1),
+    }
+    evaluate = [*DCMC, "evaluate", "--artifacts", str(out), "--data-dir", args.data]
+    tuned = _last_json(subprocess.run(evaluate, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    network = _last_json(
+        subprocess.run(
+            [*evaluate, "--set", "inference.mode=none"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    record.update(
+        test_rmse=tuned["rmse"],
+        test_rmse_network=network["rmse"],
+        test_n=tuned["n"],
+        inference=tuned.get("inference"),
+        **surprise_svd(args.dataset, args.data, args.split),
+    )
+    _append(record)
+
+
+def _worker_memory(pid: int) -> list[dict[str, float]]:
+    """RSS and PSS (MB) of the service's worker processes (the children of the supervisor)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        rollup = Path(f"/proc/{child}/smaps_rollup").read_text()
+        rss = float(re.search(r"^Rss:\s+(\d+)", rollup, re.M).group(1)) / 1024  # type: ignore[union-attr]
+        pss = float(re.search(r"^Pss:\s+(\d+)", rollup, re.M).group(1)) / 1024  # type: ignore[union-attr]
+        out.append({"rss_mb": round(rss, 1), "pss_mb": round(pss, 1)})
+    return out
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1000
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p99_ms": round(float(np.percentile(ms, 99)), 2),
+        "n": len(ms),
+    }
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from online import Redis, Service
+
+    from model.artifact import load_artifact
+
+    art = load_artifact(args.artifacts)
+    users, items = art.users.ids, art.items.ids
+    rng = np.random.default_rng(0)
+    log = Path(tempfile.mkdtemp(prefix="dcmc-scale-")) / "serve.log"
+    with Redis() as redis:
+        t0 = time.perf_counter()
+        svc = Service(
+            Path(args.artifacts), redis.url, "scale", args.workers, log, env={"OMP_NUM_THREADS": "1"}
+        )
+        try:
+            svc.wait_ready(timeout=1800)
+            startup = time.perf_counter() - t0
+            memory = _worker_memory(svc.proc.pid)
+            timings: dict[str, list[float]] = {"predict100": [], "recommend": []}
+            for k in range(args.requests + 20):  # the first 20 of each warm the workers, not counted
+                body = {
+                    "user": users[rng.integers(len(users))],
+                    "items": [items[j] for j in rng.choice(len(items), 100, replace=False)],
+                }
+                t = time.perf_counter()
+                r = svc.client.post("/predict", json=body)
+                if r.status_code != 200:
+                    raise RuntimeError(f"/predict answered {r.status_code}: {r.text[:300]}")
+                if k >= 20:
+                    timings["predict100"].append(time.perf_counter() - t)
+            for k in range(args.requests // 3 + 20):
+                t = time.perf_counter()
+                r = svc.client.get(f"/recommend/{users[rng.integers(len(users))]}", params={"k": 10})
+                if r.status_code != 200:
+                    raise RuntimeError(f"/recommend answered {r.status_code}: {r.text[:300]}")
+                if k >= 20:
+                    timings["recommend"].append(time.perf_counter() - t)
+            after = _worker_memory(svc.proc.pid)
+        finally:
+            svc.stop()
+    _append(
+        {
+            "phase": "serve",
+            "name": args.name,
+            "artifacts": str(args.artifacts),
+            "workers": args.workers,
+            "startup_seconds": round(startup, 1),
+            "workers_at_rest": memory,
+            "workers_after": after,
+            **{k: _percentiles(v) for k, v in timings.items()},
+        }
+    )
+
+
+def cmd_steps(args: argparse.Namespace) -> None:
+    """(child of `curve`) The csv preset's training loop on one CSV: an epoch, or its first max_steps."""
+    import torch
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from model.config import ModelConfig
+    from model.network import DCMC as Net
+    from training.config import preset, sized_blocks
+    from training.data import load_dataset
+    from training.trainer import RatingMatrix, block_loss, epoch_blocks, make_optimizers
+
+    t0 = time.perf_counter()
+    data = load_dataset("csv", args.data, split="random", seed=0)
+    chosen = preset("csv")
+    cfg = chosen.train
+    rows, cols = sized_blocks(cfg.block_rows, cfg.block_cols, data.n_users, data.n_items, len(data.train))
+    model_cfg = ModelConfig(
+        n_users=data.n_users,
+        n_items=data.n_items,
+        levels=tuple(float(x) for x in data.levels),
+        **chosen.model,
+    )
+    torch.manual_seed(0)
+    model = Net(model_cfg)
+    optimizers = make_optimizers(model, cfg.lr, cfg.weight_decay)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay or 0.99), use_buffers=True)
+    matrix = RatingMatrix(data.n_users, data.n_items, data.train)
+    blocks = epoch_blocks(matrix, cfg.epoch_mode, rows, cols, cfg.seed, 0)
+    load = time.perf_counter() - t0
+    levels = np.asarray(model_cfg.levels)
+    run = blocks[: args.max_steps]
+    t0 = time.perf_counter()
+    for block in run:
+        loss, _ = block_loss(
+            model, matrix, block, levels, 0, cfg.beta, cfg.sigma2, cfg.rating_mse, cfg.input_dropout
+        )
+        for o in optimizers:
+            o.zero_grad(set_to_none=True)
+        loss.backward()
+        for o in optimizers:
+            o.step()
+        ema.update_parameters(model)
+    seconds = time.perf_counter() - t0
+    print(
+        json.dumps(
+            {
+                "users": data.n_users,
+                "items": data.n_items,
+                "ratings_train": len(data.train),
+                "blocks": [rows, cols],
+                "steps_per_epoch": len(blocks),
+                "steps_timed": len(run),
+                "seconds_per_step": seconds / len(run),
+                "load_seconds": round(load, 1),
+                "epoch_seconds": seconds / len(run) * len(blocks),
+                "extrapolated": len(run) < len(blocks),
+            }
+        )
+    )
+
+
+def cmd_curve(args: argparse.Namespace) -> None:
+    for n in args.ratings:
+        data = Path(tempfile.mkdtemp(prefix="dcmc-curve-"))
+        subprocess.run(
+            [*DCMC, "data", "synth", "--shape", args.shape, "--out", str(data), "--ratings", str(n)],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        child = [
+            sys.executable,
+            __file__,
+            "_steps",
+            "--data",
+            str(data / "ratings.csv"),
+            "--max-steps",
+            str(args.max_steps),
+        ]
+        stdout, wall, rss = timed(child, env={"OMP_NUM_THREADS": str(args.threads)})
+        _append(
+            {
+                "phase": "curve",
+                "shape": args.shape,
+                "ratings": n,
+                **_last_json(stdout),
+                "peak_rss_mb": round(rss, 1),
+                "wall_seconds": round(wall, 1),
+            }
+        )
+        for f in data.iterdir():
+            f.unlink()
+        data.rmdir()
+
+
+def _records() -> list[dict[str, Any]]:
+    if not RECORDS.is_file():
+        return []
+    return [json.loads(line) for line in RECORDS.read_text().splitlines() if line.strip()]
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    records = _records()
+    lines = [
+        "# Scale",
+        "",
+        "Written by `python benchmarks/scale.py report` from `scale.jsonl` "
+        "(every record, each with its commit). Machine: 2-core x86, no GPU.",
+        "",
+    ]
+    trains = {r["name"]: r for r in records if r["phase"] == "train"}  # the latest of each name
+    serves = {r["name"]: r for r in records if r["phase"] == "serve"}
+    if trains:
+        lines += [
+            "## Datasets",
+            "",
+            "| | ratings (train / val) | users x items | blocks | s / epoch (median) | train s (epochs) "
+            "| peak RSS train | artifact | start-up | RSS / PSS per worker | /predict 100 p50 / p99 "
+            "| /recommend p50 / p99 | test RMSE (network) | Surprise SVD | commit |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, t in trains.items():
+            s = serves.get(name)
+            serve = ["-"] * 4
+            if s:
+                mem = s["workers_at_rest"]
+                serve = [
+                    f"{s['startup_seconds']} s",
+                    " / ".join(f"{w['rss_mb']:.0f} / {w['pss_mb']:.0f} MB" for w in mem),
+                    f"{s['predict100']['p50_ms']} / {s['predict100']['p99_ms']} ms",
+                    f"{s['recommend']['p50_ms']} / {s['recommend']['p99_ms']} ms",
+                ]
+            lines.append(
+                f"| {name} | {t['ratings_train']:,} / {t['ratings_val']:,} | {t['users']:,} x {t['items']:,} "
+                f"| {t['blocks'][0]} x {t['blocks'][1]} | {np.median(t['epoch_seconds']):.1f} "
+                f"| {t['train_seconds']:.0f} ({t['epochs']}) | {t['peak_rss_mb'] / 1024:.2f} GB "
+                f"| {t['artifact_mb']:.0f} MB | "
+                + " | ".join(serve)
+                + f" | {t['test_rmse']:.4f} ({t['test_rmse_network']:.4f}) | {t['svd_rmse']:.4f} "
+                f"| `{t['commit']}` |"
+            )
+        lines += ["", "Commands:", ""] + [f"- {n}: `{t['command']}`" for n, t in trains.items()]
+        lines += [""] + [f"- {n}: search {t.get('tuning')}" for n, t in trains.items()]
+    curve = [r for r in records if r["phase"] == "curve"]
+    if curve:
+        lines += [
+            "",
+            "## Cost curve",
+            "",
+            "| shape | ratings (train) | blocks | steps / epoch | s / step | s / epoch | peak RSS | commit |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in curve:
+            note = f" (extrapolated from {r['steps_timed']} steps)" if r["extrapolated"] else ""
+            lines.append(
+                f"| {r['shape']} | {r['ratings_train']:,} | {r['blocks'][0]} x {r['blocks'][1]} "
+                f"| {r['steps_per_epoch']} | {r['seconds_per_step']:.3f} | {r['epoch_seconds']:.0f}{note} "
+                f"| {r['peak_rss_mb'] / 1024:.2f} GB | `{r['commit']}` |"
+            )
+        _plot(curve)
+        lines += ["", "![cost curve](scale-curve.png)"]
+    (RESULTS / "scale.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / "scale.md").read_text())
+
+
+def _plot(curve: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = sorted(curve, key=lambda r: r["ratings_train"])
+    x = [r["ratings_train"] for r in curve]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.loglog(x, [r["epoch_seconds"] for r in curve], "o-", label="seconds per epoch")
+    ax.set_xlabel("training ratings")
+    ax.set_ylabel("seconds per epoch")
+    ax2 = ax.twinx()
+    ax2.semilogx(x, [r["peak_rss_mb"] / 1024 for r in curve], "s--", color="tab:red", label="peak RSS (GB)")
+    ax2.set_ylabel("peak RSS (GB)")
+    ax.set_title(f"Training cost, synthetic {curve[0]['shape']} shape (2 cores)")
+    fig.legend(loc="upper left", bbox_to_anchor=(0.12, 0.88))
+    fig.tight_layout()
+    fig.savefig(RESULTS / "scale-curve.png", dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--name", required=True)
+    t.add_argument("--dataset", required=True)
+    t.add_argument("--data", required=True)
+    t.add_argument("--split", default="random")
+    t.add_argument("--epochs", type=int)
+    t.add_argument("--halve-every", type=int)
+    t.add_argument("--runs", default=str(REPO / "runs" / "scale"))
+    s = sub.add_parser("serve")
+    s.add_argument("--name", required=True)
+    s.add_argument("--artifacts", required=True)
+    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--requests", type=int, default=300)
+    c = sub.add_parser("curve")
+    c.add_argument("--ratings", type=int, nargs="+", required=True)
+    c.add_argument("--shape", default="epinions")
+    c.add_argument("--max-steps", type=int, default=300)
+    c.add_argument("--threads", type=int, default=2)
+    st = sub.add_parser("_steps")
+    st.add_argument("--data", required=True)
+    st.add_argument("--max-steps", type=int, default=300)
+    sub.add_parser("report")
+    args = p.parse_args(argv)
+    {"train": cmd_train, "serve": cmd_serve, "curve": cmd_curve, "_steps": cmd_steps, "report": cmd_report}[
+        args.cmd
+    ](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
