@@ -140,6 +140,9 @@ class StoredField:
     g: np.ndarray  # (p, d+1, d+1) float64
     h: np.ndarray  # (d+1, d+1)
     t: np.ndarray | None  # (N, p), present when the kernel has line terms
+    tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """The sparse co-rating tables ("items", "users") the field was computed with, as CSR (indptr,
+    indices, data): what would take minutes to rebuild at every start-up on a large catalogue."""
 
 
 @dataclass
@@ -194,10 +197,18 @@ class Artifact:
 
 
 def save_known_field(
-    directory: Path, key: dict[str, Any], g: np.ndarray, h: np.ndarray, t: np.ndarray | None
+    directory: Path,
+    key: dict[str, Any],
+    g: np.ndarray,
+    h: np.ndarray,
+    t: np.ndarray | None,
+    tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
 ) -> None:
-    """Write a known field (plain arrays, no pickles) and, as JSON, the settings it belongs to."""
+    """Write a known field (plain arrays, no pickles), its sparse co-rating tables if any, and, as JSON,
+    the settings it belongs to."""
     arrays = {"g": g, "h": h} if t is None else {"g": g, "h": h, "t": t}
+    for what, (indptr, indices, data) in (tables or {}).items():
+        arrays.update({f"{what}_indptr": indptr, f"{what}_indices": indices, f"{what}_data": data})
     np.savez(directory / KNOWN_FIELD, **arrays)  # type: ignore[arg-type]
     (directory / FIELD_KEY).write_text(json.dumps(key, indent=2) + "\n")
 
@@ -213,12 +224,21 @@ def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> Sto
     with np.load(directory / KNOWN_FIELD, allow_pickle=False) as z:
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         t = z["t"].astype(np.float64) if "t" in z.files else None
+        tables = {
+            what: (z[f"{what}_indptr"], z[f"{what}_indices"], z[f"{what}_data"].astype(np.float64))
+            for what in ("items", "users")
+            if f"{what}_indptr" in z.files
+        }
+    for what, (indptr, _, _) in tables.items():
+        size = config.n_items if what == "items" else config.n_users
+        if len(indptr) != size + 1:
+            raise ValueError(f"known field: the {what} table has {len(indptr) - 1} lines, the model {size}")
     dim = config.embedding_dim + 1
     if g.shape != (config.n_levels, dim, dim) or h.shape != (dim, dim):
         raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
     if t is not None and t.shape != (n_known, config.n_levels):
         raise ValueError(f"known field: t has shape {t.shape}, the ratings hold {n_known} known entries")
-    return StoredField(key=key, g=g, h=h, t=t)
+    return StoredField(key=key, g=g, h=h, t=t, tables=tables)
 
 
 def read_config(directory: str | Path) -> tuple[ModelConfig, InferenceConfig]:

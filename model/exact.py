@@ -1011,9 +1011,10 @@ class ExactScorer:
         counts = np.bincount(known.cols, minlength=network.n_items)
         sums = np.bincount(known.cols, weights=known.values, minlength=network.n_items)
         self._item_means = sums / np.maximum(counts, 1)  # what centres the user table's ratings
-        self.lines = self._lines()
         self.key = FieldKey.of(crf, kernel, scale, len(known))
         stored_key = FieldKey.from_json(stored.key) if stored is not None else None
+        matches = stored is not None and stored_key == self.key
+        self.lines = self._lines(stored=stored.tables if stored is not None and matches else None)
         needs_t = self.lines is not None and self.lines.active
         if stored is not None and stored_key == self.key and (stored.t is not None) == needs_t:
             self.field = KnownField(
@@ -1141,9 +1142,14 @@ class ExactScorer:
         t = self.compat[nearest_level(known.values[pos], self.network.levels)]
         return graph.aggregate(t), graph.total()
 
-    def _lines(self, tables: Lines | None = None) -> Lines | None:
-        """The kernel's line and co-rating terms (None when every weight is 0), with their tables (those
-        of `tables` when given: the user table grows by zero rows and columns for new users)."""
+    def _lines(
+        self,
+        tables: Lines | None = None,
+        stored: dict[str, tuple[FloatArray, IntArray, FloatArray]] | None = None,
+    ) -> Lines | None:
+        """The kernel's line and co-rating terms (None when every weight is 0), with their tables: those
+        of `tables` when given (the user table grows by zero rows and columns for new users), else the
+        artifact's `stored` sparse tables where it holds them, else built here."""
         k, known, net = self.kernel, self.known, self.network
         if not any((k.same_user, k.same_item, k.co_rating, k.co_rating_user)):
             return None
@@ -1151,15 +1157,20 @@ class ExactScorer:
             items = None if tables.affinity is None else tables.affinity.grown(net.n_items)
             users = None if tables.user_affinity is None else tables.user_affinity.grown(net.n_users)
         else:
-            items = self._table("items") if k.co_rating > 0 else None
-            users = self._table("users") if k.co_rating_user > 0 else None
+            stored = stored or {}
+            items = self._table("items", stored.get("items")) if k.co_rating > 0 else None
+            users = self._table("users", stored.get("users")) if k.co_rating_user > 0 else None
         return Lines(
             k.same_user, k.same_item, known, k.co_rating, items, k.co_rating_prior, k.co_rating_user, users
         )
 
-    def _table(self, what: str) -> Affinity:
-        """The co-rating table of the items or the users (`co_rating_affinity`), from `parts` when given."""
+    def _table(self, what: str, stored: tuple[FloatArray, IntArray, FloatArray] | None = None) -> Affinity:
+        """The co-rating table of the items or the users (`co_rating_affinity`): the `stored` one (CSR
+        arrays), or from `parts` when given, or built."""
         k, known, net = self.kernel, self.known, self.network
+        if stored is not None:
+            size = net.n_items if what == "items" else net.n_users
+            return SparseAffinity(sp.csr_matrix(stored[::-1], shape=(size, size)))
         if self.parts is not None:
             return self.parts.table(what, k.co_rating_power, k.co_rating_shrink)
         if what == "items":
@@ -1171,6 +1182,16 @@ class ExactScorer:
             known.cols, known.rows, known.values, net.n_items, net.n_users,
             k.co_rating_power, k.co_rating_shrink, what="users",
         )  # fmt: skip
+
+    def sparse_tables(self) -> dict[str, tuple[IntArray, IntArray, FloatArray]]:
+        """The scorer's sparse co-rating tables as CSR arrays (indptr, indices, data), to be stored with
+        its field (`model.artifact.save_known_field`); dense ones are quick to rebuild and are not."""
+        out = {}
+        if self.lines is not None:
+            for what, table in (("items", self.lines.affinity), ("users", self.lines.user_affinity)):
+                if isinstance(table, SparseAffinity):
+                    out[what] = (table.matrix.indptr, table.matrix.indices, table.matrix.data)
+        return out
 
     def _known_field(self, scale: float) -> KnownField:
         known, net = self.known, self.network

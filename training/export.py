@@ -118,7 +118,7 @@ def write_known_field(
     scorer = build_scorer(network, ratings, inference)
     if isinstance(scorer, ExactScorer):
         field = scorer.field
-        save_known_field(directory, scorer.key.to_json(), field.g, field.h, field.t)
+        save_known_field(directory, scorer.key.to_json(), field.g, field.h, field.t, scorer.sparse_tables())
 
 
 def write_artifact(
@@ -134,8 +134,12 @@ def write_artifact(
     train_config: dict[str, Any],
     dataset: dict[str, Any],
     metrics: dict[str, Any],
+    known_field: bool = True,
 ) -> Path:
     """Write a complete artifact directory atomically; returns its path.
+
+    `known_field=False` leaves the `exact` field out (the search that follows writes the one of its
+    choice: on a large catalogue the field of the starting settings would cost minutes for nothing).
 
     `held_out`: the validation ratings carved from the training split. The network never trained on them,
     but they are known ratings at test time: the CRF's known field and the service use them."""
@@ -172,7 +176,8 @@ def write_artifact(
         np.save(tmp / "item_embeddings.npy", item_emb.astype(np.float32))
         bilinear = model.bilinear.detach().numpy().astype(np.float32)
         np.save(tmp / "bilinear.npy", bilinear)
-        write_known_field(tmp, cfg, user_emb, item_emb, bilinear, known, inference)
+        if known_field:
+            write_known_field(tmp, cfg, user_emb, item_emb, bilinear, known, inference)
         export_onnx(model, tmp)
         metrics = {**metrics, "onnx_parity_max_abs_diff": check_parity(model, matrix, tmp)}
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

@@ -165,6 +165,8 @@ def run_training(
         "n_val": len(val_entries or []),
         "history": history.epochs,
     }
+    # The search writes the field of its choice: no field of the starting settings before it.
+    searched = chosen.tune and tune and not inference_over and len(val_entries or []) >= MIN_VALIDATION
     if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
         write_artifact(
             out,
@@ -178,6 +180,7 @@ def run_training(
             train_config={**train_cfg.to_dict(), "preset": preset_name},
             dataset=dataset_record,
             metrics=metrics,
+            known_field=not searched,
         )
         if chosen.tune:
             metrics["tuning"] = _tune(out, tune, inference_over, len(val_entries or []), train_cfg.seed,

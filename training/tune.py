@@ -296,7 +296,7 @@ def write_tuning(directory: str | Path, tuning: Tuning) -> Path:
             scorer = build_scorer(network, artifact.known(), tuning.chosen)
             assert isinstance(scorer, ExactScorer)
             f = scorer.field
-            save_known_field(tmp, scorer.key.to_json(), f.g, f.h, f.t)
+            save_known_field(tmp, scorer.key.to_json(), f.g, f.h, f.t, scorer.sparse_tables())
     return directory
 
 

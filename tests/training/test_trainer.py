@@ -188,15 +188,29 @@ def test_resume_refuses_a_different_configuration(synthetic_csv: Path, tmp_path:
         train(cfg, train_cfg, entries, None, checkpoint_dir=tmp_path, resume=True, progress=False)
 
 
-def test_torchrun_two_processes_complete(synthetic_csv: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        ["--standalone", "--nproc_per_node=2"],
+        # docs/scaling.md's several-machine form, with one machine: rendezvous on an endpoint
+        [
+            "--nnodes=1",
+            "--nproc_per_node=2",
+            "--node_rank=0",
+            "--rdzv_backend=c10d",
+            "--rdzv_endpoint=127.0.0.1:0",
+        ],
+    ],
+    ids=["standalone", "rendezvous"],
+)
+def test_torchrun_two_processes_complete(synthetic_csv: Path, tmp_path: Path, launcher: list[str]) -> None:
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
+        *launcher,
         "-m",
         "training.cli",
         "train",
