@@ -246,6 +246,11 @@ class DenseAffinity:
         out: FloatArray = np.take(self.table, a, axis=0)
         return out
 
+    def weighted_lines(self, lines: IntArray, weights: FloatArray) -> FloatArray:
+        """weights^T table[lines]: (q, size) for weights (len(lines), q)."""
+        out: FloatArray = weights.T @ np.take(self.table, lines, axis=0)
+        return out
+
     def grown(self, size: int) -> DenseAffinity:
         """The table padded with zero lines (no neighbours) up to `size`."""
         if size <= len(self.table):
@@ -290,6 +295,12 @@ class SparseAffinity:
     def rows(self, a: IntArray) -> FloatArray:
         """Whole lines: (len(a), size)."""
         out: FloatArray = self.matrix[a].toarray()
+        return out
+
+    def weighted_lines(self, lines: IntArray, weights: FloatArray) -> FloatArray:
+        """weights^T table[lines]: (q, size) for weights (len(lines), q), without densifying the lines (a
+        user with thousands of ratings over a large catalogue)."""
+        out: FloatArray = np.asarray(self.matrix[lines].T @ weights).T
         return out
 
     def grown(self, size: int) -> SparseAffinity:
@@ -508,7 +519,7 @@ def affinity_messages(
             if 4 * len(mine) > len(affinity):
                 # Most of the table's columns asked for (a top-N over the catalogue): whole rows of the
                 # (symmetric) table, a contiguous gather, instead of a scattered (queries, members) block.
-                out[mine] = (vals.T @ affinity.rows(known_other[members]))[:, cols[mine]].T
+                out[mine] = affinity.weighted_lines(known_other[members], vals)[:, cols[mine]].T
             else:
                 out[mine] = affinity.block(cols[mine], known_other[members]) @ vals
         return out

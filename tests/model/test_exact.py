@@ -293,6 +293,18 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     np.testing.assert_allclose(sparse.pairs(a, b), dense.pairs(a, b), atol=1e-12)
     np.testing.assert_allclose(sparse.block(a, b), dense.block(a, b), atol=1e-12)
     np.testing.assert_allclose(sparse.rows(a), dense.rows(a), atol=1e-12)
+    w = np.random.default_rng(5).normal(size=(4, 3))
+    np.testing.assert_allclose(sparse.weighted_lines(a, w), dense.weighted_lines(a, w), atol=1e-12)
+    # The item term's three ways (a user's whole catalogue, a user's few items, many users) agree.
+    index, weights = LineIndex(rows, 40), np.random.default_rng(6).random((len(rows), 5))
+    for q_rows, q_cols in (
+        (np.full(30, 3), np.arange(30)),
+        (np.full(4, 3), np.array([1, 5, 9, 2])),
+        (np.arange(40), np.arange(40) % 30),
+    ):
+        got = exact.affinity_messages(index, sparse, cols, weights, q_rows, q_cols, with_total=True)
+        want = exact.affinity_messages(index, dense, cols, weights, q_rows, q_cols, with_total=True)
+        np.testing.assert_allclose(got, want, atol=1e-12)
     np.testing.assert_allclose(sparse.grown(33).toarray(), dense.grown(33).toarray(), atol=1e-12)
     fresh = np.abs(np.random.default_rng(1).normal(size=(2, 30)))
     lines = np.array([4, 11])
