@@ -14,6 +14,7 @@ writes scale.md and scale-curve.png from every record):
         `/predict` (100 random items, a random user each time) and `/recommend?k=10` p50/p99 over
         sequential requests.
     python benchmarks/scale.py curve --ratings 100000 300000 1000000 [--shape epinions] [--max-steps 300]
+    python benchmarks/scale.py curve --shape ml-10m --csv DIR/ratings.csv   (a CSV already generated)
         For each size, `dcmc data synth --shape SHAPE --ratings N`, then the default training loop of the
         csv preset (its blocks sized to the density) in a child process under /usr/bin/time: an epoch's
         steps, seconds per step, peak RSS. An epoch of more than --max-steps steps is timed over its
@@ -300,6 +301,22 @@ def cmd_steps(args: argparse.Namespace) -> None:
 
 
 def cmd_curve(args: argparse.Namespace) -> None:
+    if args.csv:  # a CSV already written by `dcmc data synth --shape SHAPE` (its full size)
+        child = [sys.executable, __file__, "_steps", "--data", args.csv, "--max-steps", str(args.max_steps)]
+        stdout, wall, rss = timed(child, env={"OMP_NUM_THREADS": str(args.threads)})
+        found = _last_json(stdout)
+        _append(
+            {
+                "phase": "curve",
+                "shape": args.shape,
+                "ratings": found["ratings_train"],
+                "csv": args.csv,
+                **found,
+                "peak_rss_mb": round(rss, 1),
+                "wall_seconds": round(wall, 1),
+            }
+        )
+        return
     for n in args.ratings:
         data = Path(tempfile.mkdtemp(prefix="dcmc-curve-"))
         subprocess.run(
@@ -441,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--workers", type=int, default=2)
     s.add_argument("--requests", type=int, default=300)
     c = sub.add_parser("curve")
-    c.add_argument("--ratings", type=int, nargs="+", required=True)
+    c.add_argument("--ratings", type=int, nargs="+", default=[])
+    c.add_argument("--csv", help="time this synthetic CSV (of --shape) instead of generating sizes")
     c.add_argument("--shape", default="epinions")
     c.add_argument("--max-steps", type=int, default=300)
     c.add_argument("--threads", type=int, default=2)
