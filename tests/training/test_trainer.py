@@ -377,3 +377,15 @@ def test_line_adam_takes_sparse_adams_steps() -> None:
     never = sorted(set(range(30)) - touched)
     assert never and torch.equal(ours.data[never], start[never])  # lazy: lines without a gradient wait
     assert not torch.equal(ours.data, start)
+
+
+def test_the_csv_presets_blocks_grow_with_the_sparsity_until_they_hold_1024_ratings() -> None:
+    from training.config import BLOCK_ENTRIES, sized_blocks
+
+    # Epinions' size: the 128 x 256 block would hold 4 ratings; grown (same aspect) it holds ~1,024.
+    rows, cols = sized_blocks(128, 256, 40_163, 139_738, 498_618)
+    assert rows * cols * 498_618 / (40_163 * 139_738) == pytest.approx(BLOCK_ENTRIES, rel=0.01)
+    assert cols == pytest.approx(2 * rows, abs=1)
+    assert sized_blocks(128, 256, 943, 1682, 75_000) == (128, 256)  # dense enough: as the preset says
+    rows, cols = sized_blocks(128, 256, 300, 100_000, 600)
+    assert rows == 300 and cols < 100_000  # never more than the matrix
