@@ -73,16 +73,15 @@ class _SparseProduct(torch.autograd.Function):
         touched, local = np.unique(indices, return_inverse=True)
         sub = sp.csr_matrix((values.detach().numpy(), local, indptr), shape=(len(indptr) - 1, len(touched)))
         sub.sort_indices()
-        ctx.touched = torch.from_numpy(touched)
-        ctx.transposed = sub.T.tocsr()
-        ctx.transposed.sort_indices()
-        ctx.weight_shape = weight.shape
+        ctx.sub, ctx.touched, ctx.weight_shape = sub, torch.from_numpy(touched), weight.shape
         out: torch.Tensor = torch.sparse.mm(_csr(sub), weight.index_select(0, ctx.touched))
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        lines = torch.sparse.mm(_csr(ctx.transposed), grad.contiguous())
+        transposed = ctx.sub.T.tocsr()  # built here: embedding without gradients never needs it
+        transposed.sort_indices()
+        lines = torch.sparse.mm(_csr(transposed), grad.contiguous())
         out = torch.sparse_coo_tensor(ctx.touched[None], lines, ctx.weight_shape, is_coalesced=True)
         return out, None, None, None
 

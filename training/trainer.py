@@ -64,6 +64,7 @@ class RatingMatrix:
         self.by_row = sp.csr_matrix((data.astype(np.float32), indices, indptr), shape=(n_users, n_items))
         self.by_row.sort_indices()  # canonical order: a block lists its entries row by row, by column
         self.n_users, self.n_items = n_users, n_items
+        self._values = self.ratings.values.astype(np.float32)  # what the compressed rows carry
 
     def rows(self, idx: np.ndarray) -> torch.Tensor:
         """Dense rating rows: (len(idx), m)."""
@@ -75,11 +76,11 @@ class RatingMatrix:
 
     def sparse_rows(self, idx: np.ndarray) -> SparseRows:
         """Compressed rating rows: what `rows` holds, as (indptr, indices, values)."""
-        return _lines(self.ratings.by_row, self.ratings.cols, self.ratings.values, idx, self.n_items)
+        return _lines(self.ratings.by_row, self.ratings.cols, self._values, idx, self.n_items)
 
     def sparse_cols(self, idx: np.ndarray) -> SparseRows:
         """Compressed rating columns: what `cols` holds."""
-        return _lines(self.ratings.by_col, self.ratings.rows, self.ratings.values, idx, self.n_users)
+        return _lines(self.ratings.by_col, self.ratings.rows, self._values, idx, self.n_users)
 
     def block(self, rows: np.ndarray, cols: np.ndarray) -> Block:
         """The observed entries of rows x cols."""
@@ -97,7 +98,7 @@ def _lines(
     _, pos = ranges(index.indptr[lines], counts)
     members = index.order[pos]
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return SparseRows(indptr, minor[members], torch.from_numpy(values[members].astype(np.float32)), width)
+    return SparseRows(indptr, minor[members], torch.from_numpy(values[members]), width)
 
 
 def _chunks(order: np.ndarray, size: int) -> list[np.ndarray]:
@@ -346,8 +347,9 @@ def _sparse_ids(model: DCMC) -> set[int]:
 def _all_reduce_sparse(model: DCMC, world: int) -> None:
     """Average the sparse gradients over the processes, as DDP does the dense ones (a process whose blocks
     touched none of a weight's lines contributes an empty gradient)."""
+    sparse = _sparse_ids(model)
     for p in model.parameters():
-        if id(p) not in _sparse_ids(model):
+        if id(p) not in sparse:
             continue
         grad = (
             p.grad
