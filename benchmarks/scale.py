@@ -370,7 +370,11 @@ NOTES = """\
   beside a training run, 300k 4.9 s), so the 1 M,
   3 M and 10 M points of that shape were not run; ml-10m is the other shape at its full size. Rows marked
   extrapolated timed the epoch's first 300 steps. Peak RSS is the training loop's process (no
-  validation, export or search)."""
+  validation, export or search).
+- The epinions 498,618 row of `141637b` (0.301 s per step) follows a refactor of the training hot path
+  (float32 values converted once, the transpose built in backward only). Timed against `f3dfcdb` right
+  after, alternating, 200 steps each (`scale.py _steps`): 0.2713, 0.2708 s per step before, 0.2657,
+  0.2629 after; the machine ran slower than at `3112ff7` (0.240) throughout."""
 
 
 def _records() -> list[dict[str, Any]]:
