@@ -79,13 +79,23 @@ def planted_ratings(
     rows = np.concatenate([np.arange(n_users), rng.choice(n_users, n_items, p=p_user)])
     cols = np.concatenate([rng.choice(n_items, n_users, p=p_item), rng.permutation(n_items)])
     cover = np.unique(rows.astype(np.int64) * n_items + cols)
-    extra = np.empty(0, dtype=np.int64)
-    while len(extra) < n_ratings - len(cover):
-        need = int((n_ratings - len(cover) - len(extra)) * 1.2) + 16
+    # The entries drawn so far are bits of a packed n_users x n_items bitmap, so a round costs what it
+    # draws, not a sort of everything drawn before (the heavy users and items saturate: late rounds add few).
+    seen = np.zeros((n_users * n_items + 7) // 8, dtype=np.uint8)
+    _mark(seen, cover)
+    fresh: list[np.ndarray] = []
+    n_extra = 0
+    while n_extra < n_ratings - len(cover):
+        need = int((n_ratings - len(cover) - n_extra) * 1.2) + 16
         draws = rng.choice(n_users, need, p=p_user).astype(np.int64) * n_items + rng.choice(
             n_items, need, p=p_item
         )
-        extra = np.setdiff1d(np.union1d(extra, draws), cover)
+        draws = np.unique(draws)
+        draws = draws[(seen[draws >> 3] >> (draws & 7).astype(np.uint8)) & 1 == 0]
+        _mark(seen, draws)
+        fresh.append(draws)
+        n_extra += len(draws)
+    extra = np.sort(np.concatenate(fresh)) if fresh else np.empty(0, dtype=np.int64)
     keys = np.concatenate([cover, rng.permutation(extra)[: n_ratings - len(cover)]])
     rows, cols = keys // n_items, keys % n_items
     u = rng.normal(0.0, 1.0 / np.sqrt(rank), (n_users, rank))
@@ -104,6 +114,11 @@ def planted_ratings(
     values = np.clip(np.round((score - low) / step) * step + low, low, high)
     order = rng.permutation(len(rows))
     return rows[order], cols[order], values[order]
+
+
+def _mark(bits: np.ndarray, keys: np.ndarray) -> None:
+    """Set the bits of `keys` in the packed bitmap `bits`."""
+    np.bitwise_or.at(bits, keys >> 3, np.left_shift(1, keys & 7).astype(np.uint8))
 
 
 def write_ratings_csv(path: Path, rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> Path:
