@@ -70,19 +70,21 @@ class _SparseProduct(torch.autograd.Function):
     def forward(
         ctx: Any, weight: torch.Tensor, indptr: np.ndarray, indices: np.ndarray, values: torch.Tensor
     ) -> torch.Tensor:
-        touched, local = np.unique(indices, return_inverse=True)
-        sub = sp.csr_matrix((values.detach().numpy(), local, indptr), shape=(len(indptr) - 1, len(touched)))
-        sub.sort_indices()
-        ctx.sub, ctx.touched, ctx.weight_shape = sub, torch.from_numpy(touched), weight.shape
-        out: torch.Tensor = torch.sparse.mm(_csr(sub), weight.index_select(0, ctx.touched))
+        rows = sp.csr_matrix((values.detach().numpy(), indices, indptr), shape=(len(indptr) - 1, len(weight)))
+        rows.sort_indices()
+        ctx.rows, ctx.weight_shape = rows, weight.shape
+        # The product reads the touched lines in place (gathering them first took twice as long).
+        out: torch.Tensor = torch.sparse.mm(_csr(rows), weight)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        transposed = ctx.sub.T.tocsr()  # built here: embedding without gradients never needs it
-        transposed.sort_indices()
-        lines = torch.sparse.mm(_csr(transposed), grad.contiguous())
-        out = torch.sparse_coo_tensor(ctx.touched[None], lines, ctx.weight_shape, is_coalesced=True)
+        # Built here: embedding without gradients never needs the transpose.
+        transposed = ctx.rows.T.tocsr()  # (lines, batch)
+        touched = np.flatnonzero(np.diff(transposed.indptr))
+        lines = torch.sparse.mm(_csr(transposed[touched]), grad.contiguous())
+        index = torch.from_numpy(touched.astype(np.int64))[None]
+        out = torch.sparse_coo_tensor(index, lines, ctx.weight_shape, is_coalesced=True)
         return out, None, None, None
 
 
@@ -235,6 +237,7 @@ class DCMC(nn.Module):
         node_cols: torch.Tensor,
         mf_layers: int | None = None,
         similarity: bool = True,
+        sample: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Score the K entries (node_rows[k], node_cols[k]) of a batch.
 
@@ -242,7 +245,8 @@ class DCMC(nn.Module):
         node_cols: (K,) indices into the batch. Returns (base log-probabilities (K, p), final
         log-probabilities after the mean-field layers (K, p), entry similarities (K, K)).
         `similarity=False` with no mean-field layers skips the K x K similarities (None), which nothing
-        then needs.
+        then needs; `sample` (indices into the K entries) with no mean-field layers returns the
+        similarities of those entries only (len(sample), len(sample)).
         """
         u = self.embed_rows(rows)  # (br, d)
         v = self.embed_cols(cols)  # (bc, d)
@@ -250,6 +254,8 @@ class DCMC(nn.Module):
         layers = self.config.mf_layers if mf_layers is None else mf_layers
         if not similarity and layers == 0:
             return log_p, log_p, None
+        if sample is not None and layers == 0:
+            node_rows, node_cols = node_rows[sample], node_cols[sample]
         sim = _node_similarity(u, node_rows) * _node_similarity(v, node_cols)  # (K, K)
         normalized = self.config.message_scaling == "normalized"
         compat: torch.Tensor = self.compat  # type: ignore[assignment]  # a registered buffer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -303,6 +304,37 @@ def test_rating_mse_term_adds_the_scaled_squared_error_of_the_expected_rating() 
     assert net.bilinear.grad is not None and float(net.bilinear.grad.abs().sum()) > 0
 
 
+def test_the_similarity_loss_of_a_large_block_reads_a_uniform_sample_of_its_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import training.trainer as trainer
+
+    net, matrix, block, levels = _small_net_and_block(mf_layers=0)
+    net.eval()
+    k = len(block.values)
+    node_rows, node_cols = torch.from_numpy(block.node_rows), torch.from_numpy(block.node_cols)
+    values = torch.from_numpy(block.values.astype(np.float32))
+    rows, cols = matrix.sparse_rows(block.rows), matrix.sparse_cols(block.cols)
+
+    def sim_mse(sample: torch.Tensor | None) -> float:
+        _, _, sim = net(rows, cols, node_rows, node_cols, 0, sample=sample)
+        v = values if sample is None else values[sample]
+        return float(torch.mean((sim - torch.exp(-((v[:, None] - v[None, :]) ** 2) / 3.5)) ** 2))
+
+    _, parts = trainer.block_loss(net, matrix, block, levels, 0, 1.5, 3.5)
+    assert k <= trainer.SIMILARITY_SAMPLE and parts["sim"] == pytest.approx(sim_mse(None), rel=1e-5)
+    monkeypatch.setattr(trainer, "SIMILARITY_SAMPLE", k // 4)
+    torch.manual_seed(7)
+    _, parts = trainer.block_loss(net, matrix, block, levels, 0, 1.5, 3.5)
+    torch.manual_seed(7)
+    sample = torch.randperm(k)[: k // 4]
+    assert parts["sim"] == pytest.approx(sim_mse(sample), rel=1e-5)  # those entries' pairs only
+    assert parts["sim"] != pytest.approx(sim_mse(None), rel=1e-3)
+    # Unbiased: over many samples the mean comes back to the mean over all K x K pairs.
+    draws = [trainer.block_loss(net, matrix, block, levels, 0, 1.5, 3.5)[1]["sim"] for _ in range(300)]
+    assert np.mean(draws) == pytest.approx(sim_mse(None), rel=0.03)
+
+
 def test_input_dropout_zeroes_and_rescales_the_branch_inputs_in_training_only() -> None:
     from training.trainer import block_loss
 
@@ -374,6 +406,13 @@ def test_line_adam_takes_sparse_adams_steps() -> None:
         opt_ours.step()
         opt_theirs.step()
         torch.testing.assert_close(ours.data, theirs.data, rtol=1e-5, atol=1e-6)
+    # A gradient whose lines repeat (two products' gradients added up) is summed per line first.
+    repeated = torch.sparse_coo_tensor(torch.tensor([[3, 1, 3]]), torch.randn(3, 4), (30, 4))
+    touched |= {1, 3}
+    ours.grad, theirs.grad = repeated.clone(), repeated.clone()
+    opt_ours.step()
+    opt_theirs.step()
+    torch.testing.assert_close(ours.data, theirs.data, rtol=1e-5, atol=1e-6)
     never = sorted(set(range(30)) - touched)
     assert never and torch.equal(ours.data[never], start[never])  # lazy: lines without a gradient wait
     assert not torch.equal(ours.data, start)
@@ -389,3 +428,13 @@ def test_the_csv_presets_blocks_grow_with_the_sparsity_until_they_hold_1024_rati
     assert sized_blocks(128, 256, 943, 1682, 75_000) == (128, 256)  # dense enough: as the preset says
     rows, cols = sized_blocks(128, 256, 300, 100_000, 600)
     assert rows == 300 and cols < 100_000  # never more than the matrix
+
+
+def test_on_a_dense_matrix_the_csv_presets_blocks_are_capped_at_equal_chunks() -> None:
+    from training.config import BLOCK_CHUNKS, sized_blocks
+
+    # ml-10m's size: blocks of 1,024 ratings (226 x 451) would be 7,440 steps an epoch.
+    rows, cols = sized_blocks(128, 256, 69_878, 10_677, 7_500_040)
+    row_chunks, col_chunks = math.ceil(69_878 / rows), math.ceil(10_677 / cols)
+    assert row_chunks == col_chunks == BLOCK_CHUNKS
+    assert sized_blocks(128, 256, 40_163, 139_738, 498_618) == (2401, 4801)  # Epinions: under the cap
