@@ -133,6 +133,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         argv += ["--epochs", str(args.epochs)]
     if args.halve_every:
         argv += ["--set", f"lr_halve_every={args.halve_every}"]
+    if args.tune_timeout:
+        argv += ["--tune-timeout", str(args.tune_timeout)]
     stdout, wall, rss = timed(argv)
     metrics = _last_json(stdout)
     history = metrics.get("history") or json.loads((out / "metrics.json").read_text()).get("history", [])
@@ -483,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--split", default="random")
     t.add_argument("--epochs", type=int)
     t.add_argument("--halve-every", type=int)
+    t.add_argument("--tune-timeout", type=float, help="stop the inference search after this many seconds")
     t.add_argument("--runs", default=str(REPO / "runs" / "scale"))
     s = sub.add_parser("serve")
     s.add_argument("--name", required=True)

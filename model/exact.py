@@ -144,12 +144,6 @@ def read_messages(
     return bilinear_forms(a, g, rows, b[cols])
 
 
-def normalizer(h: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """sum_l s(k, l) for the entries (rows[k], cols[k]): (K,)."""
-    out: FloatArray = read_messages(h[None], a, b, rows, cols)[:, 0]
-    return out
-
-
 def dense_similarity(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """The K x K similarity matrix the factorisation avoids (tests and small graphs only)."""
     out: FloatArray = (a[rows] @ a[rows].T) * (b[cols] @ b[cols].T)
@@ -741,7 +735,16 @@ def scaled_messages(
     known entries' transformed distributions `t` (N, p) join both the messages and the normaliser, and
     the co-rating pseudo-count adds (lambda_r + lambda_c) c to the normaliser alone. With `interp`, g holds
     only the anchor levels' matrices and the others follow from them."""
-    msg = read_messages(g, a, b, rows, cols) if interp is None else interp.read(g, a, b, rows, cols)
+    total: FloatArray | None = None
+    if scaling == "normalized":
+        # The field's levels and the normaliser read the same (query, known) similarities: one pass over
+        # the queries' embeddings for both (a whole-catalogue query reads the item table once, not twice).
+        forms = read_messages(np.concatenate([g, h[None]]), a, b, rows, cols)
+        msg, total = forms[:, :-1], forms[:, -1]
+        if interp is not None:
+            msg = msg @ interp.weights.T
+    else:
+        msg = read_messages(g, a, b, rows, cols) if interp is None else interp.read(g, a, b, rows, cols)
     line_total: FloatArray | float = 0.0
     if lines is not None and lines.active:
         if t is None:
@@ -752,9 +755,8 @@ def scaled_messages(
             line_total = extra[:, -1] + lines.prior_weight
     if scaling == "scaled":
         return msg * scale
-    if scaling == "normalized":
-        total = normalizer(h, a, b, rows, cols) + line_total
-        return msg / np.maximum(total, 1e-12)[:, None]
+    if total is not None:
+        return msg / np.maximum(total + line_total, 1e-12)[:, None]
     return msg
 
 

@@ -220,3 +220,17 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
     assert "comma-separated" in op["description"]
     schema = spec["components"]["schemas"]["RecommendResponse"]
     assert set(schema["properties"]) == {"user", "model_version", "inference", "fallback", "recommendations"}
+
+
+def test_top_k_equals_a_full_sort_with_ties_by_index() -> None:
+    from service.recommend import top_k
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        scores = rng.integers(0, 6, n).astype(np.float64)  # many ties, at the cut too
+        mask = rng.random(n) < 0.7
+        k = int(rng.integers(0, n + 3))
+        cand = np.flatnonzero(mask)
+        expected = cand[np.lexsort((cand, -scores[cand]))][:k]
+        np.testing.assert_array_equal(top_k(scores, mask, k), expected)
