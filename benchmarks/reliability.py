@@ -180,11 +180,12 @@ def replica_kill(env: Env, seconds: float) -> dict[str, Any]:
 
 def _variant(source: Path, out: Path) -> Path:
     """`source` with the base network's inference (`none`): a valid artifact with other answers."""
-    from model.artifact import write_manifest
+    from model.artifact import is_known_field_file, write_manifest
 
     shutil.copytree(source, out)
-    for name in ("known_field.npz", "known_field.json", "tuning.json"):
-        (out / name).unlink(missing_ok=True)
+    for path in list(out.iterdir()):
+        if is_known_field_file(path.name) or path.name == "tuning.json":
+            path.unlink()
     config = json.loads((out / "config.json").read_text())
     config["inference"] = {"mode": "none"}
     (out / "config.json").write_text(json.dumps(config))

@@ -22,6 +22,10 @@ An artifact is a directory of plain files (no pickles):
                          h (d+1, d+1) and, with line terms, t (N, p)
     known_field.json     the settings that field was computed for (model.exact.FieldKey); a scorer whose
                          settings differ recomputes the field
+    co_rating_{items,users}_{indptr,indices,data}.npy
+                         the sparse co-rating tables that field was computed with (CSR: int64, int32,
+                         float32), memory-mapped read-only by every reader, so a service's workers share
+                         one copy in the page cache (older artifacts held them in known_field.npz)
 
 Format 1 (before the inference settings were grouped) still loads: its flat inference settings are read
 into groups, and its stored field, whose key was a tuple, is recomputed.
@@ -55,6 +59,18 @@ MANIFEST = "manifest.json"
 KNOWN_FIELD = "known_field.npz"
 FIELD_KEY = "known_field.json"
 HELD_OUT = "held_out_ratings.npz"
+TABLE_PARTS = (("indptr", np.int64), ("indices", np.int32), ("data", np.float32))
+"""The CSR arrays of a stored co-rating table and their dtypes on disk."""
+
+
+def table_file(what: str, part: str) -> str:
+    """The file of one CSR array of the `items` or `users` co-rating table."""
+    return f"co_rating_{what}_{part}.npy"
+
+
+def is_known_field_file(name: str) -> bool:
+    """Whether an artifact file belongs to the stored known field (rewritten with it)."""
+    return name in (KNOWN_FIELD, FIELD_KEY) or (name.startswith("co_rating_") and name.endswith(".npy"))
 
 
 class ArtifactError(Exception):
@@ -204,12 +220,13 @@ def save_known_field(
     t: np.ndarray | None,
     tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
 ) -> None:
-    """Write a known field (plain arrays, no pickles), its sparse co-rating tables if any, and, as JSON,
-    the settings it belongs to."""
+    """Write a known field (plain arrays, no pickles), its sparse co-rating tables if any (one .npy file
+    per CSR array, to be memory-mapped), and, as JSON, the settings it belongs to."""
     arrays = {"g": g, "h": h} if t is None else {"g": g, "h": h, "t": t}
-    for what, (indptr, indices, data) in (tables or {}).items():
-        arrays.update({f"{what}_indptr": indptr, f"{what}_indices": indices, f"{what}_data": data})
     np.savez(directory / KNOWN_FIELD, **arrays)  # type: ignore[arg-type]
+    for what, csr in (tables or {}).items():
+        for (part, dtype), array in zip(TABLE_PARTS, csr, strict=True):
+            np.save(directory / table_file(what, part), np.asarray(array, dtype=dtype))
     (directory / FIELD_KEY).write_text(json.dumps(key, indent=2) + "\n")
 
 
@@ -225,10 +242,15 @@ def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> Sto
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         t = z["t"].astype(np.float64) if "t" in z.files else None
         tables = {
-            what: (z[f"{what}_indptr"], z[f"{what}_indices"], z[f"{what}_data"].astype(np.float64))
+            what: (z[f"{what}_indptr"], z[f"{what}_indices"], z[f"{what}_data"].astype(np.float32))
             for what in ("items", "users")
-            if f"{what}_indptr" in z.files
+            if f"{what}_indptr" in z.files  # an artifact written before the tables had their own files
         }
+    for what in ("items", "users"):
+        if (directory / table_file(what, "indptr")).is_file():
+            # Read-only maps of the files: the pages are shared by every process that maps them.
+            loaded = [np.load(directory / table_file(what, part), mmap_mode="r") for part, _ in TABLE_PARTS]
+            tables[what] = (loaded[0], loaded[1], loaded[2])
     for what, (indptr, _, _) in tables.items():
         size = config.n_items if what == "items" else config.n_users
         if len(indptr) != size + 1:

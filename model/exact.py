@@ -67,9 +67,11 @@ from model.engine import (
     Network,
     bilinear_forms,
     compatibility_matrix,
+    log_softmax,
     nearest_level,
     one_row,
     row_forms,
+    row_products,
     softmax,
 )
 from model.ratings import LineIndex, Ratings, ranges
@@ -542,6 +544,19 @@ class ColumnMajor:
     rows: IntArray
     t: FloatArray
 
+    def levels(self, indptr: IntArray, n: int) -> list[sp.csr_matrix]:
+        """The p sparse (m, n) matrices S_u[j, i_l] = t_l[u] of the entries l on column j, and the
+        matrix of ones after them (their indices shared, their values views of t): built on first use."""
+        built: list[sp.csr_matrix] | None = self.__dict__.get("_levels")
+        if built is None:
+            shape = (len(indptr) - 1, n)
+            indices = self.rows.astype(np.int32 if n < 2**31 else np.int64)
+            ptr = indptr.astype(indices.dtype)
+            data = [*self.t, np.ones(len(self.rows))]
+            built = [sp.csr_matrix((d, indices, ptr), shape=shape, copy=False) for d in data]
+            self.__dict__["_levels"] = built
+        return built
+
     @classmethod
     def of(cls, t: FloatArray, known: Ratings) -> ColumnMajor:
         """The entries of `known` (with distributions t (N, p) in its order) sorted by item."""
@@ -559,17 +574,14 @@ def column_pass(indptr: IntArray, columns: ColumnMajor, e_other: FloatArray, wit
     """m[j] = sum over known l on column j of e_other[i_l] t_l, for every column j: (m, p), with the sums
     of e_other alone as column p when `with_total`. One pass over all N entries: what one user's messages
     from the same-item and user co-rating terms to the whole catalogue cost, instead of a gather per
-    (query, entry) pair. indptr: the column index's (m + 1,) offsets."""
+    (query, entry) pair. indptr: the column index's (m + 1,) offsets. Each level is a sparse (m, n)
+    matrix-vector product, S_u[j, i_l] = t_l[u] (`ColumnMajor.levels`): one compiled loop over the N
+    entries, several times faster than gathering and reducing them in numpy."""
     p = columns.t.shape[0]
-    out = np.zeros((len(indptr) - 1, p + int(with_total)))
-    filled = np.diff(indptr) > 0
-    if not filled.any():
-        return out
-    e = np.take(e_other, columns.rows)
-    starts = indptr[:-1][filled]  # sorted, and past the last one there are no entries
-    out[filled, :p] = np.add.reduceat(columns.t * e, starts, axis=1).T
-    if with_total:
-        out[filled, p] = np.add.reduceat(e, starts)
+    levels = columns.levels(indptr, len(e_other))
+    out = np.empty((len(indptr) - 1, p + int(with_total)))
+    for u in range(out.shape[1]):
+        out[:, u] = levels[u] @ e_other
     return out
 
 
@@ -601,6 +613,19 @@ class Lines:
         """What the co-rating pseudo-count adds to the normaliser: (lambda_r + lambda_c) c."""
         return (self.co_rating + self.co_rating_user) * self.co_rating_prior
 
+    def user_sums(
+        self, user: int, weights: FloatArray, b: FloatArray, with_total: bool = False
+    ) -> FloatArray:
+        """sum over the user's known l of w_l b_{j_l}: (p, D), with the sum of b_{j_l} alone as row p when
+        `with_total`. The same-user term of a query (user, j) is lambda_u b_j . (row u), a read like the
+        field's."""
+        members = self.known.by_row.of(user)
+        w = np.take(weights, members, axis=0)
+        if with_total:
+            w = np.hstack([w, np.ones((len(w), 1))])
+        out: FloatArray = w.T @ np.take(b, self.known.cols[members], axis=0)
+        return out
+
     def messages(
         self,
         weights: FloatArray,
@@ -610,6 +635,7 @@ class Lines:
         cols: IntArray,
         with_total: bool = False,
         columns: ColumnMajor | None = None,
+        same_user: bool = True,
     ) -> FloatArray:
         """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l
         + lambda_r sum_{l on row i} w(j, j_l) w_l + lambda_c sum_{l on col j} w_u(i, i_l) w_l: (K, p);
@@ -617,7 +643,8 @@ class Lines:
 
         `columns`: `weights` in item order. When one user's queries reach most of the known entries
         through their columns (a top-N over the catalogue), both column terms are then one `column_pass`
-        with the per-user weights lambda_i s_r(i, .) + lambda_c w_u(i, .)."""
+        with the per-user weights lambda_i s_r(i, .) + lambda_c w_u(i, .). `same_user=False` leaves the
+        first term out (the caller read it with the field: `user_sums`)."""
         known = self.known
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         column_terms = self.column_terms
@@ -630,7 +657,7 @@ class Lines:
                 e += self.co_rating_user * self.user_affinity.rows(np.array([user]))[0, : known.n_users]
             out += column_pass(known.by_col.indptr, columns, e, with_total)[cols]
             column_terms = False
-        if self.same_user > 0:
+        if self.same_user > 0 and same_user:
             user_term = line_messages(known.by_row, b, known.cols, weights, rows, b[cols], with_total)
             out += self.same_user * user_term
         if self.same_item > 0 and column_terms:
@@ -735,29 +762,71 @@ def scaled_messages(
     known entries' transformed distributions `t` (N, p) join both the messages and the normaliser, and
     the co-rating pseudo-count adds (lambda_r + lambda_c) c to the normaliser alone. With `interp`, g holds
     only the anchor levels' matrices and the others follow from them."""
-    total: FloatArray | None = None
-    if scaling == "normalized":
-        # The field's levels and the normaliser read the same (query, known) similarities: one pass over
-        # the queries' embeddings for both (a whole-catalogue query reads the item table once, not twice).
-        forms = read_messages(np.concatenate([g, h[None]]), a, b, rows, cols)
-        msg, total = forms[:, :-1], forms[:, -1]
-        if interp is not None:
-            msg = msg @ interp.weights.T
+    msg, _ = _messages(g, h, scaling, scale, a, b, rows, cols, lines, t, interp, columns)
+    return msg
+
+
+def _messages(
+    g: np.ndarray,
+    h: np.ndarray,
+    scaling: str,
+    scale: float,
+    a: np.ndarray,
+    b: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    lines: Lines | None = None,
+    t: np.ndarray | None = None,
+    interp: LevelInterpolation | None = None,
+    columns: ColumnMajor | None = None,
+    probe: FloatArray | None = None,
+) -> tuple[FloatArray, FloatArray | None]:
+    """`scaled_messages`, and, for queries of one user, b_{cols[k]} . probe[u] (K, q) read in the same
+    pass over the item embeddings (None for other queries or without `probe`)."""
+    normalized = scaling == "normalized"
+    if lines is not None and lines.active and t is None:
+        raise ValueError("the kernel's line terms need the known entries' distributions")
+    # The field's levels and the normaliser read the same (query, known) similarities, and for one user's
+    # queries so does the same-user term (b_j . sum over the user's l of b_{j_l} t_l): one pass over the
+    # queries' item embeddings for all of them (a whole-catalogue query reads the item table once).
+    stacked = np.concatenate([g, h[None]]) if normalized else g
+    row = one_row(rows)
+    own: FloatArray | None = None
+    probed: FloatArray | None = None
+    if row is not None:
+        user = (
+            lines.same_user * lines.user_sums(row, t, b, normalized)
+            if lines is not None and lines.same_user > 0 and t is not None
+            else None
+        )
+        parts = [np.matmul(a[row], stacked), *(x for x in (user, probe) if x is not None)]
+        pieces = np.split(
+            row_products(b, np.vstack(parts), cols), np.cumsum([len(x) for x in parts])[:-1], axis=1
+        )
+        forms = pieces[0]
+        own = pieces[1] if user is not None else None
+        probed = pieces[-1] if probe is not None else None
     else:
-        msg = read_messages(g, a, b, rows, cols) if interp is None else interp.read(g, a, b, rows, cols)
+        forms = read_messages(stacked, a, b, rows, cols)
+    total: FloatArray | None = None
+    msg = forms
+    if normalized:
+        msg, total = forms[:, :-1], forms[:, -1]
+    if interp is not None:
+        msg = msg @ interp.weights.T
     line_total: FloatArray | float = 0.0
-    if lines is not None and lines.active:
-        if t is None:
-            raise ValueError("the kernel's line terms need the known entries' distributions")
-        extra = lines.messages(t, a, b, rows, cols, scaling == "normalized", columns)
+    if lines is not None and lines.active and t is not None:
+        extra = lines.messages(t, a, b, rows, cols, normalized, columns, same_user=own is None)
+        if own is not None:
+            extra += own
         msg = msg + extra[:, : t.shape[1]]
-        if scaling == "normalized":
+        if normalized:
             line_total = extra[:, -1] + lines.prior_weight
     if scaling == "scaled":
-        return msg * scale
+        return msg * scale, probed
     if total is not None:
-        return msg / np.maximum(total + line_total, 1e-12)[:, None]
-    return msg
+        return msg / np.maximum(total + line_total, 1e-12)[:, None], probed
+    return msg, probed
 
 
 def known_field(
@@ -820,10 +889,49 @@ def query_distributions(
     after one layer. `lines`: the same-user and same-item terms the field was computed with.
     """
     g = field.g if field.interp is None or field.g_anchors is None else field.g_anchors
-    msg = scaled_messages(
+    msg, _ = _messages(
         g, field.h, field.scaling, field.scale, a, b, rows, cols, lines, field.t, field.interp, field.columns
     )
     return softmax(np.log(np.maximum(probs, 1e-30)) - gamma * msg)
+
+
+def user_distributions(
+    field: KnownField,
+    network: Network,
+    a: np.ndarray,
+    b: np.ndarray,
+    user: int,
+    cols: np.ndarray,
+    gamma: float,
+    lines: Lines | None = None,
+) -> np.ndarray:
+    """`query_distributions` of one user's queries (user, cols[k]) with the base network's probabilities
+    read in the same pass over the item embeddings as the messages (a top-N over the catalogue reads them
+    once): item_emb_j . v = |item_emb_j| sqrt(2) (b_j . [0, v]), b_j = [1, unit_j] / sqrt(2). (K, p)."""
+    decoder = np.matmul(network.user_emb[user], network.bilinear)  # (p, d): scores_j = item_emb_j . decoder
+    probe = np.sqrt(2.0) * np.hstack([np.zeros((len(decoder), 1)), decoder])
+    g = field.g if field.interp is None or field.g_anchors is None else field.g_anchors
+    rows = np.full(len(cols), user, dtype=np.int64)
+    msg, forms = _messages(
+        g,
+        field.h,
+        field.scaling,
+        field.scale,
+        a,
+        b,
+        rows,
+        cols,
+        lines,
+        field.t,
+        field.interp,
+        field.columns,
+        probe,
+    )
+    assert forms is not None  # one user's queries
+    # log(max(softmax(scores), 1e-30)) as query_distributions takes it, without the division and the log
+    # of every entry: scores - logsumexp(scores), clamped.
+    log_probs = log_softmax(forms * network.item_norms[cols][:, None])
+    return softmax(np.maximum(log_probs, np.log(1e-30)) - gamma * msg)
 
 
 BIAS_SWEEPS = 500
@@ -1225,19 +1333,36 @@ class ExactScorer:
             self.lines,
         )
 
-    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
         """Final distributions of the queried entries (rows[k], cols[k]), attached to the known field and
-        mixed with the bias baseline when output.baseline > 0: (K, p)."""
-        dist = query_distributions(
-            self.field,
-            self.user_lifted,
-            self.item_lifted,
-            rows,
-            cols,
-            query_probs,
-            self.crf.gamma,
-            self.lines,
-        )
+        mixed with the bias baseline when output.baseline > 0: (K, p). `query_probs`: the base network's
+        distributions of the entries; without them the network's own, read with the messages when the
+        queries are one user's (`user_distributions`)."""
+        user = one_row(rows) if query_probs is None else None
+        if user is not None:
+            dist = user_distributions(
+                self.field,
+                self.network,
+                self.user_lifted,
+                self.item_lifted,
+                user,
+                cols,
+                self.crf.gamma,
+                self.lines,
+            )
+        else:
+            if query_probs is None:
+                query_probs = self.network.probabilities(rows, cols)
+            dist = query_distributions(
+                self.field,
+                self.user_lifted,
+                self.item_lifted,
+                rows,
+                cols,
+                query_probs,
+                self.crf.gamma,
+                self.lines,
+            )
         if self.biases is None:
             return dist
         mu, user_bias, item_bias = self.biases

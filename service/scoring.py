@@ -21,8 +21,8 @@ import redis
 
 from model.artifact import Artifact
 from model.config import InferenceConfig
-from model.engine import OnnxNetwork, expected_rating, label_probabilities
-from model.exact import level_distribution
+from model.engine import OnnxNetwork, expected_rating
+from model.exact import ExactScorer, level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState
 from model.ratings import Ratings
@@ -378,13 +378,16 @@ class Scorer:
         fallback = ~state.embedded[items]
         k = len(items)
         rows = np.full(k, user, dtype=np.int64)
-        probs = label_probabilities(
-            state.network.user_emb, state.network.item_emb, state.network.bilinear, rows, items
-        )
+        scorer = state.scorer
         # One mean-field run at a time per worker: the batches are large numpy arrays, and threads running
         # them side by side thrash memory without adding throughput (workers use the cores).
-        with self._engine_lock:
-            dist = state.scorer.predict(rows, items, probs)
+        if isinstance(scorer, ExactScorer):  # it reads the network's probabilities with its messages
+            with self._engine_lock:
+                dist = scorer.predict(rows, items)
+        else:
+            probs = state.network.probabilities(rows, items)
+            with self._engine_lock:
+                dist = scorer.predict(rows, items, probs)
         if fallback.any():
             dist[fallback] = level_distribution(state.baseline(user, items[fallback]), self.levels)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])

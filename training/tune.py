@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 import optuna
 
-from model.artifact import MANIFEST, Artifact, artifact_writer, load_artifact, save_known_field
+from model.artifact import (
+    MANIFEST,
+    Artifact,
+    artifact_writer,
+    is_known_field_file,
+    load_artifact,
+    save_known_field,
+)
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
 from model.engine import expected_rating
 from model.exact import ExactParts, ExactScorer
@@ -285,7 +292,7 @@ def write_tuning(directory: str | Path, tuning: Tuning) -> Path:
     artifact = load_artifact(directory)  # verifies the checksums first
     with artifact_writer(directory) as tmp:
         for path in directory.iterdir():
-            if path.is_file() and path.name not in (MANIFEST, TUNING, "known_field.npz", "known_field.json"):
+            if path.is_file() and path.name not in (MANIFEST, TUNING) and not is_known_field_file(path.name):
                 shutil.copy2(path, tmp / path.name)
         config = json.loads((directory / "config.json").read_text())
         config["inference"] = tuning.chosen.to_dict()

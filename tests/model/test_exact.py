@@ -408,6 +408,9 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     scorer = build_scorer(network, ratings, inference)
     assert isinstance(scorer, exact.ExactScorer)
     got = predict_distributions(network, scorer, q_rows, q_cols)
+    # Without the network's probabilities the scorer takes its own; one user's (the catalogue) are read
+    # in the same pass as the messages, from the unit embeddings and their norms.
+    np.testing.assert_allclose(scorer.predict(q_rows, q_cols), got, rtol=1e-10, atol=1e-13)
     a, b, compat = scorer.user_lifted, scorer.item_lifted, scorer.compat
     np.testing.assert_allclose(a, exact.lift(network.user_unit))
     np.testing.assert_array_equal(compat, engine.compatibility_matrix(levels, cfg.tau))
@@ -501,3 +504,15 @@ def test_segment_sums_allow_empty_segments_and_keep_small_sums_exact() -> None:
     x = np.array([[1e17, 1.0], [1.0, 0.0], [3.0, 0.5], [2.0, 0.25]])
     got = exact._segment_sums(x, np.array([1, 0, 2, 1, 0]))
     np.testing.assert_array_equal(got, [[1e17, 1.0], [0.0, 0.0], [4.0, 0.5], [2.0, 0.25], [0.0, 0.0]])
+
+
+@pytest.mark.parametrize("p", [1, 5, 10])
+def test_softmax_and_log_softmax_of_rows_of_few_levels_equal_the_reduction_along_the_axis(p: int) -> None:
+    logits = np.random.default_rng(p).normal(scale=20.0, size=(1000, p))
+    z = logits - logits.max(axis=-1, keepdims=True)
+    want = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(engine.softmax(logits), want, rtol=1e-13, atol=0)
+    np.testing.assert_allclose(engine.log_softmax(logits), np.log(want), rtol=1e-12, atol=1e-12)
+    batched = np.random.default_rng(0).normal(size=(3, 4, p))  # (B, K, p): along the last axis
+    np.testing.assert_allclose(engine.softmax(batched).sum(axis=-1), 1.0)
+    np.testing.assert_allclose(np.exp(engine.log_softmax(batched)), engine.softmax(batched), rtol=1e-12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -205,6 +206,14 @@ def test_held_out_ratings_are_known_at_test_time_but_not_when_scored(
     assert not np.allclose(predict_ratings(art, rows, cols, exact_cfg), expected)  # their own labels leak
 
 
+def _mapped(array: np.ndarray) -> bool:
+    """Whether `array` is a read-only view of a memory-mapped file."""
+    base: object = array
+    while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):
+        base = base.base
+    return (isinstance(base, (np.memmap, mmap.mmap))) and not array.flags.writeable
+
+
 def test_sparse_co_rating_tables_are_stored_with_the_field_and_read_back(
     synthetic_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,10 +249,29 @@ def test_sparse_co_rating_tables_are_stored_with_the_field_and_read_back(
     assert (
         built.lines is not None and built.lines.affinity is not None and built.lines.user_affinity is not None
     )
-    np.testing.assert_array_equal(scorer.lines.affinity.toarray(), built.lines.affinity.toarray())
-    np.testing.assert_array_equal(scorer.lines.user_affinity.toarray(), built.lines.user_affinity.toarray())
+    # Stored in float32, and read as read-only maps of their files (shared by a service's workers).
+    for stored, fresh in (
+        (scorer.lines.affinity, built.lines.affinity),
+        (scorer.lines.user_affinity, built.lines.user_affinity),
+    ):
+        assert isinstance(stored, exact.SparseAffinity) and isinstance(fresh, exact.SparseAffinity)
+        assert _mapped(stored.matrix.data) and _mapped(stored.matrix.indices)
+        np.testing.assert_array_equal(stored.toarray(), fresh.toarray().astype(np.float32))
     rows, cols = art.held_out.rows, art.held_out.cols
     probs = network.probabilities(rows, cols)
-    np.testing.assert_allclose(
-        scorer.predict(rows, cols, probs), built.predict(rows, cols, probs), atol=1e-12
-    )
+    answers = built.predict(rows, cols, probs)
+    np.testing.assert_allclose(scorer.predict(rows, cols, probs), answers, atol=1e-6)
+    # An artifact written before the tables had their own files held them in known_field.npz: still read.
+    with np.load(out / KNOWN_FIELD) as z:
+        arrays = dict(z)
+    for what, csr in art.known_field.tables.items():
+        arrays.update({f"{what}_indptr": csr[0], f"{what}_indices": csr[1], f"{what}_data": csr[2]})
+    np.savez(tmp_path / "field.npz", **arrays)
+    for path in out.glob("co_rating_*.npy"):
+        path.unlink()
+    (tmp_path / "field.npz").replace(out / KNOWN_FIELD)
+    older = _load_known_field(out, art.config, len(art.known()))
+    assert older is not None and set(older.tables) == {"items", "users"}
+    for what, csr in older.tables.items():
+        np.testing.assert_array_equal(csr[2], art.known_field.tables[what][2])
+        assert not _mapped(csr[2])
