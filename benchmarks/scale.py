@@ -402,7 +402,7 @@ def cmd_report(args: argparse.Namespace) -> None:
             "",
             "| | ratings (train / val) | users x items | blocks | s / epoch (median) | train s (epochs) "
             "| peak RSS train | artifact | start-up | RSS / PSS, largest worker | /predict 100 p50 / p99 "
-            "| /recommend p50 / p99 | test RMSE (network) | Surprise SVD | commit |",
+            "| /recommend p50 / p99 | test RMSE (network) | Surprise SVD | commit (train, serve) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, t in trains.items():
@@ -426,7 +426,7 @@ def cmd_report(args: argparse.Namespace) -> None:
                 f"| {t['artifact_mb']:.0f} MB | "
                 + " | ".join(serve)
                 + f" | {t['test_rmse']:.4f} ({t['test_rmse_network']:.4f}) | {t['svd_rmse']:.4f} "
-                f"| `{t['commit']}` |"
+                f"| `{t['commit']}`, `{s['commit'] if s else '-'}` |"
             )
         lines += ["", "Commands:", ""] + [f"- {n}: `{t['command']}`" for n, t in trains.items()]
         lines += [""] + [f"- {n}: search {t.get('tuning')}" for n, t in trains.items()]
@@ -462,7 +462,9 @@ def _plot(curve: list[dict[str, Any]]) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax2 = ax.twinx()
     for shape in sorted({r["shape"] for r in curve}):
-        points = sorted((r for r in curve if r["shape"] == shape), key=lambda r: r["ratings_train"])
+        # The latest record of each size (earlier ones stay in the table: the code got faster).
+        latest = {r["ratings_train"]: r for r in curve if r["shape"] == shape}
+        points = sorted(latest.values(), key=lambda r: r["ratings_train"])
         x = [r["ratings_train"] for r in points]
         ax.loglog(x, [r["epoch_seconds"] for r in points], "o-", label=f"{shape}: seconds per epoch")
         ax2.semilogx(x, [r["peak_rss_mb"] / 1024 for r in points], "s--", label=f"{shape}: peak RSS (GB)")
