@@ -290,8 +290,9 @@ def load_artifact(directory: str | Path) -> Artifact:
         if held_path.is_file():
             with np.load(held_path, allow_pickle=False) as z:
                 held = (z["rows"], z["cols"], z["values"])
-        user_emb = np.load(directory / "user_embeddings.npy", allow_pickle=False)
-        item_emb = np.load(directory / "item_embeddings.npy", allow_pickle=False)
+        # Read-only maps: the float32 embeddings a service keeps are shared by its workers' page cache.
+        user_emb = np.load(directory / "user_embeddings.npy", mmap_mode="r", allow_pickle=False)
+        item_emb = np.load(directory / "item_embeddings.npy", mmap_mode="r", allow_pickle=False)
         bilinear = np.load(directory / "bilinear.npy", allow_pickle=False)
         n, m = model_config.n_users, model_config.n_items
         train = Ratings(rows, cols, values, n, m)
