@@ -363,20 +363,33 @@ def cmd_curve(args: argparse.Namespace) -> None:
 NOTES = """\
 - "+ uncommitted changes" on the records of `3112ff7`: the checkout that ran them was clean at that commit
   but for this results file, which the label then counted (it now looks at the code paths only).
-- epinions-synth's training: a data-generation job ran beside its first two epochs (336 and 267 s); the
-  other eight ran alone (121-131 s). The test split was scored once, after the search.
+  `d52dee0 + uncommitted changes` (the ml-10m epoch): the uncommitted code was the exact inference's, which
+  the training loop does not run.
+- epinions-synth's training records: `4dae836`, a data-generation job ran beside its first two epochs
+  (336 and 267 s), the other eight ran alone (121-131 s); `2e73e84`, development work (profiling, tests)
+  ran beside epochs 1-5 and parts of 6-10, so its times are an upper bound; the latest record ran alone.
+  Each scored the test split once, after its search.
+- epinions-synth's serve record of `2c84261` served the `2e73e84` artifact after its known field was
+  rewritten by the code of `2c84261` with its own chosen settings (`training.tune.write_tuning`: the
+  co-rating tables as float32 .npy files, memory-mapped).
 - ml-100k before the sparse input layer (`70e5b2a`, the same command with `--no-tune`): validation RMSE
-  0.8822, epochs of 1.19-1.59 s (median 1.24 s over 10); after: the row above (validation 0.8839).
-- The cost curve is partial: the generator needs at least users + items ratings (179,901 for the Epinions
-  shape, so no 100k point), and its own time grows faster than the ratings (1 M took 54 s at low priority
-  beside a training run, 300k 4.9 s), so the 1 M,
-  3 M and 10 M points of that shape were not run; ml-10m is the other shape at its full size. Rows marked
-  extrapolated timed the epoch's first 300 steps. Peak RSS is the training loop's process (no
-  validation, export or search).
+  0.8822, epochs of 1.19-1.59 s (median 1.24 s over 10); at `3112ff7` 0.8839, at `2c84261` 0.8828 (test
+  0.8892). Epoch time, `3112ff7` against `2c84261`, alternating, 12 epochs each without the search (the
+  first two dropped): medians 1.64 and 1.41 s before, 1.54 and 1.56 s after: the same within the noise.
+- Cost curve: rows marked extrapolated timed the epoch's first 300 (before `2c84261`) or 200 steps. Peak
+  RSS is the training loop's process (no validation, export or search). The epinions shape's rows are
+  from before the 24 x 24 block cap and the generator's speed-up (the generator then needed 54 s for 1 M
+  ratings and 23 minutes for ml-10m's 10 M; now 2 and 48 s); the ml-10m shape's rows at `2c84261` are
+  the curve of 100 k, 300 k, 1 M, 3 M ratings (75% trained on), with its 10 M point timed whole at
+  `d52dee0`. The ml-10m 7,500,040 row of `3112ff7` is the density-sized blocks' 7,440 steps.
 - The epinions 498,618 row of `141637b` (0.301 s per step) follows a refactor of the training hot path
   (float32 values converted once, the transpose built in backward only). Timed against `f3dfcdb` right
   after, alternating, 200 steps each (`scale.py _steps`): 0.2713, 0.2708 s per step before, 0.2657,
-  0.2629 after; the machine ran slower than at `3112ff7` (0.240) throughout."""
+  0.2629 after; the machine ran slower than at `3112ff7` (0.240) throughout. `a1f3578` against `d52dee0`
+  (the sparse product reading the weight in place, LineAdam without the coalescing copy), 120 steps
+  each: 0.261 and 0.245 s per step before, 0.226 and 0.219 after.
+- Not run: the ml-10m pipeline end to end (train to the preset's schedule, search, serve, test RMSE):
+  60 epochs of 468 s would be 8 hours on this box."""
 
 
 def _records() -> list[dict[str, Any]]:
