@@ -538,50 +538,43 @@ def affinity_messages(
 
 @dataclass(frozen=True)
 class ColumnMajor:
-    """The known entries in item order: each one's user (N,) and transformed distribution, transposed
-    (p, N). What `column_pass` reads, built once per known field."""
+    """The known entries' transformed distributions in item order, as p sparse (m, n) matrices
+    S_u[j, i_l] = t_l[u] of the entries l on column j, and the matrix of ones after them (their indices
+    shared): what `column_pass` reads, built once per known field."""
 
-    rows: IntArray
-    t: FloatArray
+    levels: list[sp.csr_matrix]
 
-    def levels(self, indptr: IntArray, n: int) -> list[sp.csr_matrix]:
-        """The p sparse (m, n) matrices S_u[j, i_l] = t_l[u] of the entries l on column j, and the
-        matrix of ones after them (their indices shared, their values views of t): built on first use."""
-        built: list[sp.csr_matrix] | None = self.__dict__.get("_levels")
-        if built is None:
-            shape = (len(indptr) - 1, n)
-            indices = self.rows.astype(np.int32 if n < 2**31 else np.int64)
-            ptr = indptr.astype(indices.dtype)
-            data = [*self.t, np.ones(len(self.rows))]
-            built = [sp.csr_matrix((d, indices, ptr), shape=shape, copy=False) for d in data]
-            self.__dict__["_levels"] = built
-        return built
+    @classmethod
+    def _of_sorted(cls, t_sorted: FloatArray, known: Ratings) -> ColumnMajor:
+        """From t (p, N) of the entries in the column index's order."""
+        order = known.by_col.order
+        indices = known.rows[order].astype(np.int32 if known.n_users < 2**31 else np.int64)
+        ptr = known.by_col.indptr.astype(indices.dtype)
+        shape = (known.n_items, known.n_users)
+        data = [*t_sorted, np.ones(len(order))]
+        return cls([sp.csr_matrix((d, indices, ptr), shape=shape, copy=False) for d in data])
 
     @classmethod
     def of(cls, t: FloatArray, known: Ratings) -> ColumnMajor:
         """The entries of `known` (with distributions t (N, p) in its order) sorted by item."""
-        order = known.by_col.order
-        return cls(known.rows[order], np.ascontiguousarray(t[order].T))
+        return cls._of_sorted(np.ascontiguousarray(t[known.by_col.order].T), known)
 
     @classmethod
     def clamped(cls, known: Ratings, labels: IntArray, compat: FloatArray) -> ColumnMajor:
         """`of` for clamped entries, t = compat[labels], read from the p x p compatibility directly."""
-        order = known.by_col.order
-        return cls(known.rows[order], np.take(compat.T, labels[order], axis=1))
+        return cls._of_sorted(np.take(compat.T, labels[known.by_col.order], axis=1), known)
 
 
-def column_pass(indptr: IntArray, columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> FloatArray:
+def column_pass(columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> FloatArray:
     """m[j] = sum over known l on column j of e_other[i_l] t_l, for every column j: (m, p), with the sums
     of e_other alone as column p when `with_total`. One pass over all N entries: what one user's messages
     from the same-item and user co-rating terms to the whole catalogue cost, instead of a gather per
-    (query, entry) pair. indptr: the column index's (m + 1,) offsets. Each level is a sparse (m, n)
-    matrix-vector product, S_u[j, i_l] = t_l[u] (`ColumnMajor.levels`): one compiled loop over the N
-    entries, several times faster than gathering and reducing them in numpy."""
-    p = columns.t.shape[0]
-    levels = columns.levels(indptr, len(e_other))
-    out = np.empty((len(indptr) - 1, p + int(with_total)))
-    for u in range(out.shape[1]):
-        out[:, u] = levels[u] @ e_other
+    (query, entry) pair. Each level is a sparse matrix-vector product (`ColumnMajor`): one compiled loop
+    over the N entries, several times faster than gathering and reducing them in numpy."""
+    levels = columns.levels if with_total else columns.levels[:-1]
+    out = np.empty((levels[0].shape[0], len(levels)))
+    for u, level in enumerate(levels):
+        out[:, u] = level @ e_other
     return out
 
 
@@ -655,7 +648,7 @@ class Lines:
                 e += self.same_item * (a[: known.n_users] @ a[user])
             if self.co_rating_user > 0 and self.user_affinity is not None:
                 e += self.co_rating_user * self.user_affinity.rows(np.array([user]))[0, : known.n_users]
-            out += column_pass(known.by_col.indptr, columns, e, with_total)[cols]
+            out += column_pass(columns, e, with_total)[cols]
             column_terms = False
         if self.same_user > 0 and same_user:
             user_term = line_messages(known.by_row, b, known.cols, weights, rows, b[cols], with_total)
@@ -735,6 +728,34 @@ class KnownField:
     def __post_init__(self) -> None:
         if self.interp is not None:
             object.__setattr__(self, "g_anchors", np.ascontiguousarray(self.g[self.interp.anchors]))
+
+    def messages(
+        self,
+        a: FloatArray,
+        b: FloatArray,
+        rows: IntArray,
+        cols: IntArray,
+        lines: Lines | None = None,
+        probe: FloatArray | None = None,
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """The messages of this field to the queries (rows[k], cols[k]) (`_messages`, from the anchor
+        levels when it has them), and the queries' reads of `probe` when they are one user's."""
+        g = self.g if self.interp is None or self.g_anchors is None else self.g_anchors
+        return _messages(
+            g,
+            self.h,
+            self.scaling,
+            self.scale,
+            a,
+            b,
+            rows,
+            cols,
+            lines,
+            self.t,
+            self.interp,
+            self.columns,
+            probe,
+        )
 
     def with_columns(self, lines: Lines | None) -> KnownField:
         """This field with `columns` set when the kernel has a column term (else as it is)."""
@@ -888,10 +909,7 @@ def query_distributions(
     A query receives messages from every known entry and sends none back, so its update is a fixed point
     after one layer. `lines`: the same-user and same-item terms the field was computed with.
     """
-    g = field.g if field.interp is None or field.g_anchors is None else field.g_anchors
-    msg, _ = _messages(
-        g, field.h, field.scaling, field.scale, a, b, rows, cols, lines, field.t, field.interp, field.columns
-    )
+    msg, _ = field.messages(a, b, rows, cols, lines)
     return softmax(np.log(np.maximum(probs, 1e-30)) - gamma * msg)
 
 
@@ -910,23 +928,7 @@ def user_distributions(
     once): item_emb_j . v = |item_emb_j| sqrt(2) (b_j . [0, v]), b_j = [1, unit_j] / sqrt(2). (K, p)."""
     decoder = np.matmul(network.user_emb[user], network.bilinear)  # (p, d): scores_j = item_emb_j . decoder
     probe = np.sqrt(2.0) * np.hstack([np.zeros((len(decoder), 1)), decoder])
-    g = field.g if field.interp is None or field.g_anchors is None else field.g_anchors
-    rows = np.full(len(cols), user, dtype=np.int64)
-    msg, forms = _messages(
-        g,
-        field.h,
-        field.scaling,
-        field.scale,
-        a,
-        b,
-        rows,
-        cols,
-        lines,
-        field.t,
-        field.interp,
-        field.columns,
-        probe,
-    )
+    msg, forms = field.messages(a, b, np.full(len(cols), user, dtype=np.int64), cols, lines, probe)
     assert forms is not None  # one user's queries
     # log(max(softmax(scores), 1e-30)) as query_distributions takes it, without the division and the log
     # of every entry: scores - logsumexp(scores), clamped.
