@@ -370,9 +370,10 @@ NOTES = """\
   ran beside epochs 1-5 and parts of 6-10, so its times are an upper bound; `0db87c5` ran alone (its
   "+ uncommitted changes": this notes text in scale.py, edited after the run had started). Each scored
   the test split once, after its search (0.6971 each time).
-- epinions-synth's serve records at `0db87c5` (the artifact trained there), run twice: /predict 100 p50
-  5.03 and 4.15 ms, /recommend p50 129 and 118 ms; at `2c84261` (the converted artifact below) 3.70 and
-  113 ms. The table shows the latest.
+- epinions-synth's serve records of the artifact trained at `0db87c5`: at `0db87c5` twice, /predict 100 p50
+  5.03 and 4.15 ms, /recommend p50 129 and 118 ms; at `1acb82e` (a refactor of the column pass's
+  matrices) 3.62 and 120 ms; at `2c84261` (the converted artifact below) 3.70 and 113 ms. The table shows
+  the latest.
 - epinions-synth's serve record of `2c84261` served the `2e73e84` artifact after its known field was
   rewritten by the code of `2c84261` with its own chosen settings (`training.tune.write_tuning`: the
   co-rating tables as float32 .npy files, memory-mapped).
