@@ -85,6 +85,12 @@ CO_RATING_NEIGHBOURS = 100
 """The neighbours a line keeps in a sparse co-rating table: its CO_RATING_NEIGHBOURS pairs of largest
 max(0, rho) at the default shrinkage (the search's start), and every pair that keeps it (symmetric)."""
 
+GRAM_PAIR_BUDGET = 2_000_000_000
+"""Most co-rated pairs a sparse co-rating table may cost to build (`gram_pairs`). The synthetic Epinions
+tables cost 0.5 G (items) and 0.8 G (users) pairs and build in minutes here; the synthetic ml-10m ones
+7.6 G and 122 G (hours to days). Above it the search and the untuned start leave that term off
+(`co_rating_affordable`, training/tune.py)."""
+
 GRAM_CHUNK_PAIRS = 20_000_000
 """Co-rated (line, line) pairs per chunk of a sparse gram's product: bounds its temporaries."""
 
@@ -430,6 +436,21 @@ class CoRatingGram:
         out = np.zeros(self.m * self.m)
         out[self.index] = w
         return DenseAffinity(out.reshape(self.m, self.m))
+
+
+def gram_pairs(known: Ratings, what: str) -> int:
+    """The co-rated pairs the gram of the item table (`items`: every pair of items one user rated, summed
+    over the users) or of the user table (`users`: the pairs of users who rated one item) visits: the sum
+    of the pivot lines' rating counts squared."""
+    counts = np.bincount(known.rows if what == "items" else known.cols).astype(np.float64)
+    return int(counts @ counts)
+
+
+def co_rating_affordable(known: Ratings, what: str) -> bool:
+    """Whether the co-rating table of the items or the users is worth building: a dense one (up to
+    DENSE_TABLE_MAX lines) always is, a sparse one when `gram_pairs` is within GRAM_PAIR_BUDGET."""
+    lines = known.n_items if what == "items" else known.n_users
+    return lines <= DENSE_TABLE_MAX or gram_pairs(known, what) <= GRAM_PAIR_BUDGET
 
 
 def co_rating_affinity(

@@ -12,6 +12,7 @@ import numpy as np
 import torch.distributed as dist
 
 from model.config import ConfigError, ModelConfig
+from model.ratings import Ratings
 from training.config import BLOCK_ENTRIES, TrainConfig, preset, sized_blocks
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
@@ -116,7 +117,12 @@ def run_training(
     )
     inference = chosen.inference
     if chosen.tune:
-        inference = start_inference(np.asarray(model_cfg.levels), model_cfg.n_users, model_cfg.n_items)
+        inference = start_inference(
+            np.asarray(model_cfg.levels),
+            model_cfg.n_users,
+            model_cfg.n_items,
+            Ratings(data.train.rows, data.train.cols, data.train.values, data.n_users, data.n_items),
+        )
     inference = inference.with_overrides(inference_over)
     if dataset == "csv" and preset_name == "default" and not {"block_rows", "block_cols"} & set(train_over):
         rows, cols = sized_blocks(

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from model import exact
 from model.artifact import (
     MANIFEST,
     Artifact,
@@ -44,7 +45,8 @@ from model.artifact import (
 )
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
 from model.engine import expected_rating
-from model.exact import ExactParts, ExactScorer
+from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_pairs
+from model.ratings import Ratings
 from model.scorers import build_scorer, load_network
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,21 @@ service fold ratings in incrementally), with normalized messages."""
 CO_RATING = ("kernel.co_rating_power", "kernel.co_rating_shrink", "kernel.co_rating_prior")
 """Settings read only when a co-rating term is on (not sampled otherwise)."""
 
+TABLES = {"items": "kernel.co_rating", "users": "kernel.co_rating_user"}
+"""The co-rating term that reads each table."""
+
+
+def unaffordable(known: Ratings) -> dict[str, int]:
+    """The co-rating terms left off for these known ratings, with the co-rated pairs their sparse table
+    would cost (`model.exact.co_rating_affordable`: above its GRAM_PAIR_BUDGET): {setting: pairs}."""
+    tables = TABLES.items()
+    return {term: gram_pairs(known, what) for what, term in tables if not co_rating_affordable(known, what)}
+
+
+def start_point(off: frozenset[str] | set[str] = frozenset()) -> dict[str, float]:
+    """`START` with the terms `off` at 0 (those whose tables cost too much: `unaffordable`)."""
+    return {name: 0.0 if name in off else value for name, value in START.items()}
+
 
 def units(levels: np.ndarray, n_users: int, n_items: int) -> dict[str, float]:
     """The value of each search unit (model.config.SearchRange) for a rating scale and a matrix size."""
@@ -103,18 +120,25 @@ def settings_of(relative: dict[str, float], scale: dict[str, float]) -> dict[str
     return out
 
 
-def start_inference(levels: np.ndarray, n_users: int, n_items: int) -> InferenceConfig:
-    """`START` for this rating scale and matrix size (the inference of an untuned artifact)."""
-    return InferenceConfig().with_overrides(settings_of(START, units(levels, n_users, n_items)))
+def start_inference(
+    levels: np.ndarray, n_users: int, n_items: int, known: Ratings | None = None
+) -> InferenceConfig:
+    """`START` for this rating scale and matrix size (the inference of an untuned artifact), less the
+    co-rating terms too costly for the `known` ratings (`unaffordable`) when given."""
+    off = set(unaffordable(known)) if known is not None else set()
+    for name in off:
+        budget = exact.GRAM_PAIR_BUDGET
+        log.warning("%s left off: its co-rating table costs more than %.0e pairs", name, budget)
+    return InferenceConfig().with_overrides(settings_of(start_point(off), units(levels, n_users, n_items)))
 
 
-def _sample(trial: optuna.Trial) -> dict[str, float]:
-    """One point of the search space, in its units (0 = off)."""
+def _sample(trial: optuna.Trial, off: frozenset[str] | set[str] = frozenset()) -> dict[str, float]:
+    """One point of the search space, in its units (0 = off); the settings `off` stay at 0."""
     out: dict[str, float] = {}
     for name, r in search_space().items():
         if name in CO_RATING:
             continue
-        out[name] = _suggest(trial, name, r)
+        out[name] = 0.0 if name in off else _suggest(trial, name, r)
     if out["kernel.co_rating"] > 0 or out["kernel.co_rating_user"] > 0:
         for name in CO_RATING:
             out[name] = _suggest(trial, name, search_space()[name])
@@ -129,13 +153,13 @@ def _suggest(trial: optuna.Trial, name: str, r: SearchRange) -> float:
     return float(trial.suggest_float(name, r.low, r.high, log=r.log))
 
 
-def _params(relative: dict[str, float]) -> dict[str, Any]:
+def _params(relative: dict[str, float], off: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
     """The Optuna parameters that `_sample` turns into `relative` (to enqueue a known point)."""
     space = search_space()
     co_rated = relative["kernel.co_rating"] > 0 or relative["kernel.co_rating_user"] > 0
     params: dict[str, Any] = {}
     for name, value in relative.items():
-        if name in CO_RATING and not co_rated:
+        if (name in CO_RATING and not co_rated) or name in off:
             continue
         if space[name].off:
             params[f"{name}:on"] = value > 0
@@ -180,6 +204,11 @@ def tune(
     levels = artifact.levels
     scale = units(levels, network.n_users, network.n_items)
     parts = ExactParts(network, known)
+    costly = unaffordable(known)
+    off = set(costly)
+    for name, pairs in costly.items():
+        log.warning("%s left out of the search: its co-rating table costs %.2g pairs", name, pairs)
+    start = start_point(off)
     probs = network.probabilities(val.rows, val.cols)
     truth = val.values
 
@@ -193,7 +222,7 @@ def tune(
 
     def objective(trial: optuna.Trial) -> float:
         t0 = time.perf_counter()
-        relative = _sample(trial)
+        relative = _sample(trial, off)
         inference = InferenceConfig().with_overrides(settings_of(relative, scale))
         value = score(inference)
         record.append(
@@ -210,7 +239,7 @@ def tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and the record say enough
     sampler = optuna.samplers.TPESampler(seed=seed)
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    study.enqueue_trial(_params(START))
+    study.enqueue_trial(_params(start, off))
     bar = _progress(trials, progress)
     try:
         study.optimize(
@@ -244,7 +273,8 @@ def tune(
         "n_known": len(known),
         "units": scale,
         "search_space": {name: asdict(r) for name, r in search_space().items()},
-        "start": START,
+        "start": start,
+        "left_off": {"budget_pairs": exact.GRAM_PAIR_BUDGET, "terms": costly},
         "base_network_val_rmse": base_rmse,
         "best_trial": best["trial"],
         "best_val_rmse": best["val_rmse"],

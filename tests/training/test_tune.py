@@ -191,3 +191,49 @@ def test_the_search_weighs_co_rating_terms_through_sparse_tables_on_a_large_matr
     result = tune(artifact, trials=8, progress=False)
     co_rated = [t for t in result.record["trials"] if t["settings"]["kernel.co_rating"] > 0]
     assert co_rated and all(np.isfinite(t["val_rmse"]) for t in result.record["trials"])
+
+
+def test_a_co_rating_table_over_the_pair_budget_is_left_out_of_the_search(
+    tuned: tuple[Path, dict[str, object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ml-10m's user table would cost 122 G co-rated pairs: the search must not try to build it. Here the
+    # budget sits between the two sparse tables' costs, so the user term is left off and the item term kept.
+    from model import exact
+
+    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)
+    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 5)
+    artifact = load_artifact(tuned[0])
+    items, users = exact.gram_pairs(artifact.train, "items"), exact.gram_pairs(artifact.train, "users")
+    assert items < users  # 80 users x 60 items: an item is rated by more users than a user rates items
+    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", (items + users) // 2)
+    built: list[str] = []
+    gram_of = exact.CoRatingGram.of.__func__  # type: ignore[attr-defined]
+
+    def recording(cls, rows, cols, values, n, m, what="items"):  # type: ignore[no-untyped-def]
+        built.append(what)
+        return gram_of(cls, rows, cols, values, n, m, what)
+
+    monkeypatch.setattr(exact.CoRatingGram, "of", classmethod(recording))
+    result = tune(artifact, trials=8, progress=False)
+    trials = result.record["trials"]
+    assert all(t["settings"]["kernel.co_rating_user"] == 0 for t in trials)
+    assert any(t["settings"]["kernel.co_rating"] > 0 for t in trials)
+    assert result.record["left_off"]["terms"] == {"kernel.co_rating_user": users}
+    assert built == ["items"]  # the user table was never built
+    assert result.chosen.kernel.co_rating_user == 0
+
+
+def test_the_untuned_start_leaves_a_costly_term_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from model import exact
+    from model.ratings import Ratings
+    from training.tune import start_inference
+
+    rng = np.random.default_rng(0)
+    known = Ratings(rng.integers(0, 40, 500), rng.integers(0, 70, 500), rng.integers(1, 6, 500), 40, 70)
+    levels = np.arange(1.0, 6.0)
+    assert start_inference(levels, 40, 70, known).kernel.co_rating > 0
+    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)  # the item table (70 lines) is now sparse
+    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", exact.gram_pairs(known, "items") - 1)
+    inference = start_inference(levels, 40, 70, known)
+    assert inference.kernel.co_rating == 0 and inference.kernel.co_rating_user > 0
+    assert start_inference(levels, 40, 70).kernel.co_rating > 0  # without the ratings: START as it is
