@@ -97,6 +97,23 @@ def row_products(table: FloatArray, vectors: FloatArray, cols: IntArray) -> Floa
     return out
 
 
+def catalogue_products(network: Network, vectors: FloatArray, cols: IntArray) -> FloatArray:
+    """out[k, u] = b_{cols[k]} . vectors[u] for the lifted item rows b_j = [1, unit_j] / sqrt(2) (the
+    exact CRF's item side, model/exact.py): (K, q) float32. One product over the float32 item table
+    (`Network.catalogue`: half the bytes of the float64 rows, and a map shared by the workers), with
+    b_j . v = (v_0 + (e_j . v_1:) / |e_j|) / sqrt(2): what a top-N over the catalogue reads. Float32
+    arithmetic: about 1e-6 of each product's size."""
+    table = network.catalogue
+    v = np.asarray(vectors, dtype=np.float32)
+    whole: np.ndarray = table @ v[:, 1:].T  # (m, q)
+    whole *= (np.float32(1.0 / np.sqrt(2.0)) / network.item_norms.astype(np.float32))[:, None]
+    whole += v[:, 0] * np.float32(1.0 / np.sqrt(2.0))
+    if len(cols) == len(table) and cols[0] == 0 and (np.diff(cols) == 1).all():
+        return whole  # the whole catalogue in order: no gather
+    out: np.ndarray = whole[cols]
+    return out
+
+
 def row_forms(left: FloatArray, mats: FloatArray, row: int, table: FloatArray, cols: IntArray) -> FloatArray:
     """out[k, u] = left[row]^T mats[u] table[cols[k]] for one row: (K, p) (`row_products`)."""
     return row_products(table, np.matmul(left[row], mats), cols)
@@ -139,12 +156,18 @@ class Network:
     user_emb: FloatArray  # (n, d)
     item_emb: FloatArray  # (m, d)
     bilinear: FloatArray  # (p, d, d)
+    item_table: np.ndarray | None = field(default=None, repr=False)
+    """(m, d) float32: the item embeddings that whole-catalogue products read (`catalogue_products`).
+    The array given as `item_emb` when it is float32 (an artifact's read-only map, which the workers of a
+    machine share), else made from item_emb on first use (`catalogue`)."""
     levels: FloatArray = field(init=False, repr=False)  # (p,)
     user_unit: FloatArray = field(init=False, repr=False)  # (n, d) unit rows: s_r = (1 + u . u') / 2
     item_unit: FloatArray = field(init=False, repr=False)  # (m, d)
     item_norms: FloatArray = field(init=False, repr=False)  # (m,): item_emb = item_norms * item_unit
 
     def __post_init__(self) -> None:
+        if self.item_table is None and getattr(self.item_emb, "dtype", None) == np.float32:
+            object.__setattr__(self, "item_table", self.item_emb)
         for name in ("user_emb", "item_emb", "bilinear"):
             object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.float64))
         object.__setattr__(self, "levels", np.asarray(self.config.levels, dtype=np.float64))
@@ -152,6 +175,14 @@ class Network:
         norms = np.maximum(np.linalg.norm(self.item_emb, axis=1), 1e-12)
         object.__setattr__(self, "item_norms", norms)
         object.__setattr__(self, "item_unit", self.item_emb / norms[:, None])  # normalize_rows, the same
+
+    @property
+    def catalogue(self) -> np.ndarray:
+        """`item_table`, made from the float64 embeddings when none was given."""
+        if self.item_table is None or len(self.item_table) != len(self.item_emb):
+            object.__setattr__(self, "item_table", self.item_emb.astype(np.float32))
+        assert self.item_table is not None
+        return self.item_table
 
     @property
     def n_users(self) -> int:

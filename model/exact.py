@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -66,6 +67,7 @@ from model.config import Crf, KernelSettings, OutputSettings
 from model.engine import (
     Network,
     bilinear_forms,
+    catalogue_products,
     compatibility_matrix,
     log_softmax,
     nearest_level,
@@ -99,6 +101,10 @@ PAIR_CHUNK = 1 << 21
 
 FEW_USERS = 16
 """Up to this many distinct lines (a request's user), the co-rating term reads its table line by line."""
+
+
+Products = Callable[[FloatArray, IntArray], FloatArray]
+"""(vectors (q, D), cols (K,)) -> b_{cols[k]} . vectors[u]: (K, q), the item rows' read of `_messages`."""
 
 
 def lift(unit: np.ndarray) -> np.ndarray:
@@ -758,9 +764,11 @@ class KnownField:
         cols: IntArray,
         lines: Lines | None = None,
         probe: FloatArray | None = None,
+        products: Products | None = None,
     ) -> tuple[FloatArray, FloatArray | None]:
         """The messages of this field to the queries (rows[k], cols[k]) (`_messages`, from the anchor
-        levels when it has them), and the queries' reads of `probe` when they are one user's."""
+        levels when it has them), and the queries' reads of `probe` when they are one user's (`products`
+        reads the item rows for them: `_messages`)."""
         g = self.g if self.interp is None or self.g_anchors is None else self.g_anchors
         return _messages(
             g,
@@ -776,6 +784,7 @@ class KnownField:
             self.interp,
             self.columns,
             probe,
+            products,
         )
 
     def with_columns(self, lines: Lines | None) -> KnownField:
@@ -822,9 +831,11 @@ def _messages(
     interp: LevelInterpolation | None = None,
     columns: ColumnMajor | None = None,
     probe: FloatArray | None = None,
+    products: Products | None = None,
 ) -> tuple[FloatArray, FloatArray | None]:
     """`scaled_messages`, and, for queries of one user, b_{cols[k]} . probe[u] (K, q) read in the same
-    pass over the item embeddings (None for other queries or without `probe`)."""
+    pass over the item embeddings (None for other queries or without `probe`). `products(vectors, cols)`
+    reads b_{cols[k]} . vectors[u] for one user's queries (`row_products` of b by default)."""
     normalized = scaling == "normalized"
     if lines is not None and lines.active and t is None:
         raise ValueError("the kernel's line terms need the known entries' distributions")
@@ -842,9 +853,12 @@ def _messages(
             else None
         )
         parts = [np.matmul(a[row], stacked), *(x for x in (user, probe) if x is not None)]
-        pieces = np.split(
-            row_products(b, np.vstack(parts), cols), np.cumsum([len(x) for x in parts])[:-1], axis=1
+        read = (
+            products(np.vstack(parts), cols)
+            if products is not None
+            else row_products(b, np.vstack(parts), cols)
         )
+        pieces = np.split(read, np.cumsum([len(x) for x in parts])[:-1], axis=1)
         forms = pieces[0]
         own = pieces[1] if user is not None else None
         probed = pieces[-1] if probe is not None else None
@@ -949,7 +963,11 @@ def user_distributions(
     once): item_emb_j . v = |item_emb_j| sqrt(2) (b_j . [0, v]), b_j = [1, unit_j] / sqrt(2). (K, p)."""
     decoder = np.matmul(network.user_emb[user], network.bilinear)  # (p, d): scores_j = item_emb_j . decoder
     probe = np.sqrt(2.0) * np.hstack([np.zeros((len(decoder), 1)), decoder])
-    msg, forms = field.messages(a, b, np.full(len(cols), user, dtype=np.int64), cols, lines, probe)
+    rows = np.full(len(cols), user, dtype=np.int64)
+    # Most of the catalogue (a top-N): one float32 product over the shared item table.
+    whole = 4 * len(cols) > len(b)
+    products = (lambda v, c: catalogue_products(network, v, c)) if whole else None
+    msg, forms = field.messages(a, b, rows, cols, lines, probe, products)
     assert forms is not None  # one user's queries
     # log(max(softmax(scores), 1e-30)) as query_distributions takes it, without the division and the log
     # of every entry: scores - logsumexp(scores), clamped.

@@ -134,4 +134,5 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
         for first, fresh in answers:
             assert "fallback" not in first and fresh["fallback"] == "baseline"
         ratings = [[p["rating"] for p in a] for a in answers]
-        np.testing.assert_allclose(ratings[2], ratings[0], rtol=0, atol=1e-9)
+        # (a row reads the whole catalogue's item embeddings in float32: equal to about 1e-7)
+        np.testing.assert_allclose(ratings[2], ratings[0], rtol=0, atol=1e-6)
