@@ -565,17 +565,21 @@ def affinity_messages(
 
 @dataclass(frozen=True)
 class ColumnMajor:
-    """The known entries' transformed distributions in item order, as p sparse (m, n) matrices
-    S_u[j, i_l] = t_l[u] of the entries l on column j, and the matrix of ones after them (their indices
-    shared): what `column_pass` reads, built once per known field."""
+    """The known entries' transformed distributions in item order, what `column_pass` reads, built once
+    per known field. Either p sparse (m, n) matrices S_u[j, i_l] = t_l[u] of the entries l on column j and
+    the matrix of ones after them (their indices shared: `levels`), or, for entries clamped to their labels
+    (t_l = C[label_l]), one (m p, n) matrix of ones whose row j p + v holds the entries of column j labelled
+    v (`by_label`, with C): one pass over the N entries gives every column's per-label sums."""
 
     levels: list[sp.csr_matrix]
+    by_label: sp.csr_matrix | None = None
+    compat: FloatArray | None = None
 
     @classmethod
     def _of_sorted(cls, t_sorted: FloatArray, known: Ratings) -> ColumnMajor:
         """From t (p, N) of the entries in the column index's order."""
         order = known.by_col.order
-        indices = known.rows[order].astype(np.int32 if known.n_users < 2**31 else np.int64)
+        indices = known.rows[order].astype(_index_type(known.n_users))
         ptr = known.by_col.indptr.astype(indices.dtype)
         shape = (known.n_items, known.n_users)
         data = [*t_sorted, np.ones(len(order))]
@@ -588,8 +592,21 @@ class ColumnMajor:
 
     @classmethod
     def clamped(cls, known: Ratings, labels: IntArray, compat: FloatArray) -> ColumnMajor:
-        """`of` for clamped entries, t = compat[labels], read from the p x p compatibility directly."""
-        return cls._of_sorted(np.take(compat.T, labels[known.by_col.order], axis=1), known)
+        """Entries clamped to their labels, t = compat[labels]: the `by_label` form."""
+        p = len(compat)
+        keys = known.cols * p + labels
+        order = np.argsort(keys, kind="stable")
+        index_type = _index_type(max(known.n_users, known.n_items * p + 1, len(known)))
+        counts = np.bincount(keys, minlength=known.n_items * p)
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(index_type)
+        indices = known.rows[order].astype(index_type)
+        shape = (known.n_items * p, known.n_users)
+        by_label = sp.csr_matrix((np.ones(len(order)), indices, indptr), shape=shape, copy=False)
+        return cls([], by_label, np.asarray(compat, dtype=np.float64))
+
+
+def _index_type(size: int) -> type[np.signedinteger[Any]]:
+    return np.int32 if size < 2**31 else np.int64
 
 
 def column_pass(columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> FloatArray:
@@ -597,7 +614,19 @@ def column_pass(columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> 
     of e_other alone as column p when `with_total`. One pass over all N entries: what one user's messages
     from the same-item and user co-rating terms to the whole catalogue cost, instead of a gather per
     (query, entry) pair. Each level is a sparse matrix-vector product (`ColumnMajor`): one compiled loop
-    over the N entries, several times faster than gathering and reducing them in numpy."""
+    over the N entries, several times faster than gathering and reducing them in numpy; clamped entries
+    take one such product for all levels (their per-label sums, times C)."""
+    if columns.by_label is not None and columns.compat is not None:
+        p = len(columns.compat)
+        sums = (columns.by_label @ e_other).reshape(-1, p)  # (m, p): per column, per label
+        out = np.empty((len(sums), p + int(with_total)))
+        out[:, :p] = sums @ columns.compat  # t_l[u] = C[label_l, u]
+        if with_total:
+            total = out[:, p]
+            total[:] = sums[:, 0]
+            for v in range(1, p):  # level by level: numpy reduces a short last axis row by row
+                total += sums[:, v]
+        return out
     levels = columns.levels if with_total else columns.levels[:-1]
     out = np.empty((levels[0].shape[0], len(levels)))
     for u, level in enumerate(levels):
@@ -787,10 +816,15 @@ class KnownField:
             products,
         )
 
-    def with_columns(self, lines: Lines | None) -> KnownField:
-        """This field with `columns` set when the kernel has a column term (else as it is)."""
+    def with_columns(
+        self, lines: Lines | None, labels: IntArray | None = None, compat: FloatArray | None = None
+    ) -> KnownField:
+        """This field with `columns` set when the kernel has a column term (else as it is); `labels` and
+        `compat` for known entries clamped to their labels (t = compat[labels]: `ColumnMajor.clamped`)."""
         if self.t is None or lines is None or not lines.column_terms:
             return self
+        if labels is not None and compat is not None:
+            return dataclasses.replace(self, columns=ColumnMajor.clamped(lines.known, labels, compat))
         return dataclasses.replace(self, columns=ColumnMajor.of(self.t, lines.known))
 
 
@@ -926,6 +960,8 @@ def known_field(
     keep = t if lines is not None and lines.active else None
     interp = LevelInterpolation.of(compat)
     field = KnownField(g=graph.aggregate(t), h=h, scaling=scaling, scale=scale, t=keep, interp=interp)
+    if known == "clamped":
+        return field.with_columns(lines, known_labels, compat)
     return field.with_columns(lines)
 
 
@@ -1178,6 +1214,9 @@ class ExactScorer:
         matches = stored is not None and stored_key == self.key
         self.lines = self._lines(stored=stored.tables if stored is not None and matches else None)
         needs_t = self.lines is not None and self.lines.active
+        clamped = kernel.known == "clamped"
+        labels = parts.labels if parts is not None else nearest_level(known.values, network.levels)
+        by_label = (labels, self.compat) if clamped else (None, None)
         if stored is not None and stored_key == self.key and (stored.t is not None) == needs_t:
             self.field = KnownField(
                 g=stored.g,
@@ -1186,7 +1225,7 @@ class ExactScorer:
                 scale=scale,
                 t=stored.t,
                 interp=LevelInterpolation.of(self.compat),
-            ).with_columns(self.lines)
+            ).with_columns(self.lines, *by_label)
             self.field_source = "artifact"
         elif parts is not None and kernel.known == "clamped":
             g, h = parts.clamped_field(self.compat)
@@ -1197,7 +1236,7 @@ class ExactScorer:
                 scale=scale,
                 t=self.compat[parts.labels] if needs_t else None,
                 interp=LevelInterpolation.of(self.compat),
-            ).with_columns(self.lines)
+            ).with_columns(self.lines, *by_label)
             self.field_source = "parts"
         else:
             self.field = self._known_field(scale)
