@@ -91,10 +91,20 @@ def row_products(table: FloatArray, vectors: FloatArray, cols: IntArray) -> Floa
     the catalogue) the whole table is read in one product and the answers gathered, instead of gathering
     most of its rows first."""
     if 4 * len(cols) > len(table):
-        whole: FloatArray = (table @ vectors.T)[cols]
-        return whole
+        if table.dtype == vectors.dtype:
+            whole: FloatArray = (table @ vectors.T)[cols]
+            return whole
+        # A float32 table (`Network`) read in float64 chunk by chunk: no whole float64 copy of it.
+        whole = np.empty((len(table), len(vectors)))
+        for lo in range(0, len(table), ROW_CHUNK):
+            whole[lo : lo + ROW_CHUNK] = np.asarray(table[lo : lo + ROW_CHUNK], dtype=np.float64) @ vectors.T
+        return whole[cols]
     out: FloatArray = np.take(table, cols, axis=0) @ vectors.T
     return out
+
+
+ROW_CHUNK = 8192
+"""Rows of a float32 table that `row_products` converts to float64 at a time."""
 
 
 def catalogue_products(network: Network, vectors: FloatArray, cols: IntArray) -> FloatArray:
@@ -150,36 +160,43 @@ def expected_rating(probs: FloatArray, levels: FloatArray) -> FloatArray:
 
 @dataclass(frozen=True, eq=False)
 class Network:
-    """The base network's arrays in float64, as an artifact stores them (float32 on disk)."""
+    """The base network's arrays, as an artifact stores them (float32 on disk).
+
+    Float32 embeddings (an artifact's read-only maps, which the workers of a machine share) are kept as they
+    are, not copied to float64: every product reads them cast to float64 (numpy's promotion), the same
+    numbers as a float64 copy would give, since a float32 converts exactly. The unit rows and norms derived
+    from them are float64."""
 
     config: ModelConfig
-    user_emb: FloatArray  # (n, d)
-    item_emb: FloatArray  # (m, d)
-    bilinear: FloatArray  # (p, d, d)
+    user_emb: FloatArray  # (n, d) float32 or float64
+    item_emb: FloatArray  # (m, d) float32 or float64
+    bilinear: FloatArray  # (p, d, d) float64
     item_table: np.ndarray | None = field(default=None, repr=False)
-    """(m, d) float32: the item embeddings that whole-catalogue products read (`catalogue_products`).
-    The array given as `item_emb` when it is float32 (an artifact's read-only map, which the workers of a
-    machine share), else made from item_emb on first use (`catalogue`)."""
+    """(m, d) float32: the item embeddings that whole-catalogue products read (`catalogue_products`):
+    item_emb itself when it is float32, else made from it on first use (`catalogue`)."""
     levels: FloatArray = field(init=False, repr=False)  # (p,)
     user_unit: FloatArray = field(init=False, repr=False)  # (n, d) unit rows: s_r = (1 + u . u') / 2
     item_unit: FloatArray = field(init=False, repr=False)  # (m, d)
     item_norms: FloatArray = field(init=False, repr=False)  # (m,): item_emb = item_norms * item_unit
 
     def __post_init__(self) -> None:
-        if self.item_table is None and getattr(self.item_emb, "dtype", None) == np.float32:
+        for name in ("user_emb", "item_emb"):
+            x = np.asarray(getattr(self, name))
+            object.__setattr__(self, name, x if x.dtype == np.float32 else x.astype(np.float64, copy=False))
+        if self.item_table is None and self.item_emb.dtype == np.float32:
             object.__setattr__(self, "item_table", self.item_emb)
-        for name in ("user_emb", "item_emb", "bilinear"):
-            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.float64))
+        object.__setattr__(self, "bilinear", np.asarray(self.bilinear, dtype=np.float64))
         object.__setattr__(self, "levels", np.asarray(self.config.levels, dtype=np.float64))
-        object.__setattr__(self, "user_unit", normalize_rows(self.user_emb))
-        norms = np.maximum(np.linalg.norm(self.item_emb, axis=1), 1e-12)
+        object.__setattr__(self, "user_unit", normalize_rows(np.asarray(self.user_emb, dtype=np.float64)))
+        items = np.asarray(self.item_emb, dtype=np.float64)
+        norms = np.maximum(np.linalg.norm(items, axis=1), 1e-12)
         object.__setattr__(self, "item_norms", norms)
-        object.__setattr__(self, "item_unit", self.item_emb / norms[:, None])  # normalize_rows, the same
+        object.__setattr__(self, "item_unit", items / norms[:, None])  # normalize_rows, the same
 
     @property
     def catalogue(self) -> np.ndarray:
-        """`item_table`, made from the float64 embeddings when none was given."""
-        if self.item_table is None or len(self.item_table) != len(self.item_emb):
+        """`item_table`, made from the embeddings when none was given."""
+        if self.item_table is None:
             object.__setattr__(self, "item_table", self.item_emb.astype(np.float32))
         assert self.item_table is not None
         return self.item_table

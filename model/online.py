@@ -254,7 +254,10 @@ class FoldIn:
             if len(items):
                 labels = nearest_level(values, old.levels)
                 user_emb[user] = refine_embedding(user_emb[user], item_emb[items], old.bilinear, labels)
-        return Network(old.config, user_emb, item_emb, old.bilinear), embedded, users
+        # The float32 catalogue that whole-catalogue reads take stays the old one while no item changed.
+        same = not len(embedded) and len(item_emb) == old.n_items
+        table = old.item_table if same else None
+        return Network(old.config, user_emb, item_emb, old.bilinear, table), embedded, users
 
     def _ratings_of(self, user: int) -> tuple[IntArray, np.ndarray]:
         """The user's known ratings of items with an embedding: the artifact's (less those re-rated), then
@@ -346,7 +349,7 @@ def refine_embedding(
 
 
 def _grown(table: np.ndarray, rows: int) -> np.ndarray:
-    """A copy of `table` with zero rows appended up to `rows`."""
-    out = np.zeros((rows, *table.shape[1:]), dtype=table.dtype)
+    """A float64 copy of `table` with zero rows appended up to `rows`."""
+    out = np.zeros((rows, *table.shape[1:]))
     out[: len(table)] = table
     return out

@@ -40,11 +40,13 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 16 * 2**20
 """Allocations of this size and more (the model state's large arrays) are mmapped and returned to the
 system when freed (`tune_allocator`)."""
-TRIM_THRESHOLD = 16 * 2**20
+TRIM_THRESHOLD = 64 * 2**20
 """Free memory at the top of the heap that glibc keeps on a free rather than handing back. Fixing the mmap
 threshold turns glibc's dynamic adjustment off, and its 128 KiB default then made requests shrink and
-regrow the heap: /recommend without a cached row took twice as long (benchmarks/serve_floor.py); a
-fold-in's `release_memory` hands the rest back."""
+regrow the heap: /recommend without a cached row took twice as long (benchmarks/serve_floor.py). A
+/recommend over the synthetic Epinions catalogue (139,738 items) holds 16 to 64 MiB of temporaries: at
+16 MiB the heap was handed back and refaulted on every request (53 ms per request instead of 38, timed
+in process). A fold-in's `release_memory` hands the rest back."""
 
 
 def _libc() -> ctypes.CDLL | None:

@@ -89,12 +89,24 @@ def test_ratings_outside_the_matrix_are_refused(rows, cols, values, match: str) 
         Ratings(np.array(rows), np.array(cols), np.array(values), 7, 5)
 
 
-def test_network_is_the_base_network_in_float64() -> None:
+def test_network_reads_float32_embeddings_in_float64() -> None:
     rng = np.random.default_rng(1)
     cfg = ModelConfig(n_users=6, n_items=4, levels=(1, 2, 3), hidden=(3,))
     user, item, bilinear = rng.normal(size=(6, 3)), rng.normal(size=(4, 3)), rng.normal(size=(3, 3, 3))
-    net = Network(cfg, user.astype(np.float32), item.astype(np.float32), bilinear.astype(np.float32))
-    assert net.user_emb.dtype == net.bilinear.dtype == np.float64
+    user32, item32 = user.astype(np.float32), item.astype(np.float32)
+    net = Network(cfg, user32, item32, bilinear.astype(np.float32))
+    # The float32 embeddings (an artifact's shared maps) are kept, not copied; what derives from them is
+    # float64, and equals, bit for bit, what float64 copies give (a float32 converts exactly).
+    assert net.user_emb is user32 and net.item_emb is item32 and net.item_table is item32
+    assert net.bilinear.dtype == net.user_unit.dtype == net.item_unit.dtype == np.float64
+    copy = Network(cfg, user32.astype(np.float64), item32.astype(np.float64), bilinear.astype(np.float32))
+    assert copy.user_emb.dtype == np.float64 and copy.item_table is None
+    for name in ("user_unit", "item_unit", "item_norms"):
+        np.testing.assert_array_equal(getattr(net, name), getattr(copy, name))
+    every = np.repeat(np.arange(6), 4), np.tile(np.arange(4), 6)
+    for rows, cols in (every, (np.zeros(4, dtype=np.int64), np.arange(4))):  # many users; one user's row
+        np.testing.assert_array_equal(net.probabilities(rows, cols), copy.probabilities(rows, cols))
+    np.testing.assert_array_equal(copy.catalogue, item32)  # made on first use
     assert (net.n_users, net.n_items) == (6, 4) and net.levels.tolist() == [1.0, 2.0, 3.0]
     np.testing.assert_allclose(np.linalg.norm(net.user_unit, axis=1), 1.0)
     rows, cols = np.array([0, 5, 2]), np.array([3, 0, 0])
