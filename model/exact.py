@@ -128,8 +128,12 @@ class FactorizedGraph:
             else np.empty(0, dtype=np.int64)
         )
         self.users = sorted_rows[self.starts] if len(rows) else np.empty(0, dtype=np.int64)
-        self.a_users = a[self.users]  # (distinct users, D)
-        self.b_nodes = b[cols[self.order]]  # (K, D), in user order
+        self.node_cols = cols[self.order]  # the nodes' items, in user order
+        # Chunks of whole users of about NODE_CHUNK nodes: a chunk's item rows (nodes x D) are gathered
+        # at a time, not all K of them (7.5 M x 129 float64 would be 7.7 GB on ml-10m).
+        ends = np.r_[self.starts[1:], len(rows)]
+        cuts = np.searchsorted(ends, np.arange(NODE_CHUNK, len(rows), NODE_CHUNK), side="left") + 1
+        self.user_chunks = np.unique(np.r_[0, cuts[cuts < len(self.users)], len(self.users)])
 
     def aggregate(self, weights: np.ndarray) -> np.ndarray:
         """G_u = sum_l weights[l, u] a_{i_l} b_{j_l}^T for every column u of weights (K, p): (p, D, D)."""
@@ -137,9 +141,14 @@ class FactorizedGraph:
         if len(self.rows) == 0:
             return out
         w = weights[self.order]
-        for u in range(weights.shape[1]):
-            per_user = np.add.reduceat(w[:, u, None] * self.b_nodes, self.starts, axis=0)  # (users, D)
-            out[u] = self.a_users.T @ per_user
+        first = np.r_[self.starts, len(self.rows)]  # each user's first node, and the end
+        for lo, hi in zip(self.user_chunks[:-1], self.user_chunks[1:], strict=True):
+            nodes = slice(first[lo], first[hi])
+            b_nodes = np.take(self.b, self.node_cols[nodes], axis=0)  # (chunk nodes, D)
+            a_users, starts = self.a[self.users[lo:hi]], self.starts[lo:hi] - first[lo]
+            for u in range(weights.shape[1]):
+                per_user = np.add.reduceat(w[nodes, u, None] * b_nodes, starts, axis=0)  # (users, D)
+                out[u] += a_users.T @ per_user
         return out
 
     def total(self) -> np.ndarray:
@@ -148,14 +157,29 @@ class FactorizedGraph:
         return out
 
 
+NODE_CHUNK = 1 << 18
+"""Known entries per chunk of `FactorizedGraph.aggregate` (whole users: a chunk ends at a user's end)."""
+
+
 def read_messages(
     g: np.ndarray, a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray
 ) -> np.ndarray:
-    """m[k, u] = a_{rows[k]}^T G_u b_{cols[k]}: (K, p)."""
+    """m[k, u] = a_{rows[k]}^T G_u b_{cols[k]}: (K, p). Many queries (a test split) are read QUERY_CHUNK at
+    a time: a chunk's (queries, p, D) temporary, not all K of them."""
     row = one_row(rows)
     if row is not None:
         return row_forms(a, g, row, b, cols)
-    return bilinear_forms(a, g, rows, b[cols])
+    if len(rows) <= QUERY_CHUNK:
+        return bilinear_forms(a, g, rows, b[cols])
+    out = np.empty((len(rows), len(g)))
+    for lo in range(0, len(rows), QUERY_CHUNK):
+        hi = lo + QUERY_CHUNK
+        out[lo:hi] = bilinear_forms(a, g, rows[lo:hi], b[cols[lo:hi]])
+    return out
+
+
+QUERY_CHUNK = 1 << 16
+"""Queries per chunk of `read_messages`."""
 
 
 def dense_similarity(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -191,7 +215,33 @@ def line_messages(
     Two exact ways, whichever costs less: per (query, member) pair, one dot product each (a request's
     items, one per column); or line by line, the aggregate sum_l vec_l w_l^T (D, p) read by each of the
     line's queries, two matrix products per line (a user's many queries sharing one row, a validation
-    set's queries sharing rows and columns)."""
+    set's queries sharing rows and columns). Lines with more than MEMBER_CHUNK known entries in all are
+    taken in groups of about that many (their members' embeddings are gathered group by group)."""
+    lines, inverse = np.unique(query_line, return_inverse=True)
+    counts = index.counts(lines)
+    if len(lines) > 1 and counts.sum() > MEMBER_CHUNK:
+        out = np.empty((len(query_line), weights.shape[1] + int(with_total)))
+        group = (np.cumsum(counts) - counts) // MEMBER_CHUNK  # consecutive lines, about MEMBER_CHUNK each
+        of_query = group[inverse]
+        for g in np.unique(group):
+            mine = np.flatnonzero(of_query == g)
+            out[mine] = _line_messages(
+                index, table, other, weights, query_line[mine], query_vec[mine], with_total
+            )
+        return out
+    return _line_messages(index, table, other, weights, query_line, query_vec, with_total)
+
+
+def _line_messages(
+    index: LineIndex,
+    table: np.ndarray,
+    other: np.ndarray,
+    weights: np.ndarray,
+    query_line: np.ndarray,
+    query_vec: np.ndarray,
+    with_total: bool = False,
+) -> np.ndarray:
+    """`line_messages` of one group of lines, in one gather."""
     lines, inverse = np.unique(query_line, return_inverse=True)
     members, counts = index.members(lines)
     # np.take: a row gather several times faster than fancy indexing, on the request path
@@ -221,6 +271,9 @@ def line_messages(
         out[queries] = query_vec[queries] @ agg
     return out
 
+
+MEMBER_CHUNK = 1 << 19
+"""Known entries whose embeddings `line_messages` gathers at a time (a group of lines)."""
 
 LINE_BLAS_SPEEDUP = 8
 """How much faster a multiply-add runs inside a matrix product than in numpy's gathers and elementwise

@@ -57,8 +57,13 @@ def test_lifted_inner_product_is_the_scaled_cosine() -> None:
     np.testing.assert_allclose(a @ a.T, (1 + unit @ unit.T) / 2, atol=1e-14)
 
 
+@pytest.mark.parametrize("node_chunk", [exact.NODE_CHUNK, 1, 5])
 @pytest.mark.parametrize("scaling", ["sum", "scaled", "normalized"])
-def test_factorised_messages_equal_dense(scaling: str) -> None:
+def test_factorised_messages_equal_dense(
+    scaling: str, node_chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # node_chunk: the aggregates summed over chunks of whole users (ml-10m's 7.5 M known entries)
+    monkeypatch.setattr(exact, "NODE_CHUNK", node_chunk)
     a, b, rows, cols, q_prime = _graph()
     graph = exact.FactorizedGraph(a, b, rows, cols)
     g, h = graph.aggregate(q_prime), graph.total()
@@ -381,8 +386,14 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     # chunks of queries; otherwise user by user. `catalogue`: one user's queries over every item (a
     # top-N), which read whole tables: the column terms in one pass over the known entries (an item
     # without ratings among them), the item table by rows, the decoder and field over every item.
+    # The batched path also takes its other chunks here (as on ml-10m's millions of entries): the field's
+    # nodes, the queries' reads and the line terms' members a few at a time.
     monkeypatch.setattr(exact, "FEW_USERS", few_users)
     monkeypatch.setattr(exact, "PAIR_CHUNK", 5)
+    if few_users == 0:
+        monkeypatch.setattr(exact, "NODE_CHUNK", 4)
+        monkeypatch.setattr(exact, "QUERY_CHUNK", 2)
+        monkeypatch.setattr(exact, "MEMBER_CHUNK", 5)
     rng = np.random.default_rng(11)
     n, m, d = 7, 6, 3
     levels = np.array([1.0, 2.0, 3.0, 4.0])
