@@ -8,7 +8,8 @@ s_c(j, j') = b_j . b_j'. So for nodes k = (i, j) and l = (i', j'),
 
 with G_u = sum_l Q'_l[u] a_{i_l} b_{j_l}^T, a D x D matrix per level. Building every G_u costs
 O(K D p + n D^2 p) and reading one message O(D^2 p) per distinct user plus O(D p) per entry, instead of the
-O(K^2 p) of the dense similarity matrix. Nothing is approximated: the sums run over every node.
+O(K^2 p) of the dense similarity matrix. Nothing is approximated: the sums run over every node. (One
+user's whole catalogue reads the item side in float32, `engine.catalogue_products`: to about 1e-6.)
 
 A sharper kernel keeps both properties. The scaled cosine never drops far below 1/4, so the product kernel
 weighs every known entry almost alike. Two optional terms concentrate the weight on the entries that share
