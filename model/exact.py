@@ -759,14 +759,28 @@ class Lines:
         known = self.known
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         column_terms = self.column_terms
-        user = one_row(rows) if columns is not None and column_terms else None
-        if columns is not None and user is not None and 4 * known.by_col.counts(cols).sum() > len(known):
+        user = one_row(rows) if column_terms else None
+        # One user's queries: both column terms weigh the entry l by e[i_l] = lambda_i s_r(i, i_l) +
+        # lambda_c w_u(i, i_l), one vector over the users. Read with it when the queries' columns hold
+        # many known entries (a dense matrix's items): for most of the entries, one pass over all of them;
+        # else the columns' members gathered, a number each, not an embedding each (`line_messages`).
+        reached = int(known.by_col.counts(cols).sum()) if user is not None else 0
+        whole = columns is not None and 4 * reached > len(known)
+        if user is not None and (whole or 4 * reached > known.n_users):
             e = np.zeros(known.n_users)
             if self.same_item > 0:
                 e += self.same_item * (a[: known.n_users] @ a[user])
             if self.co_rating_user > 0 and self.user_affinity is not None:
                 e += self.co_rating_user * self.user_affinity.rows(np.array([user]))[0, : known.n_users]
-            out += column_pass(columns, e, with_total)[cols]
+            if whole:
+                assert columns is not None
+                out += column_pass(columns, e, with_total)[cols]
+            else:
+                members, counts = known.by_col.members(cols)
+                vals = np.take(weights, members, axis=0)
+                if with_total:
+                    vals = np.hstack([vals, np.ones((len(vals), 1))])
+                out += _segment_sums(e[known.rows[members]][:, None] * vals, counts)
             column_terms = False
         if self.same_user > 0 and same_user:
             user_term = line_messages(known.by_row, b, known.cols, weights, rows, b[cols], with_total)
