@@ -8,7 +8,8 @@ s_c(j, j') = b_j . b_j'. So for nodes k = (i, j) and l = (i', j'),
 
 with G_u = sum_l Q'_l[u] a_{i_l} b_{j_l}^T, a D x D matrix per level. Building every G_u costs
 O(K D p + n D^2 p) and reading one message O(D^2 p) per distinct user plus O(D p) per entry, instead of the
-O(K^2 p) of the dense similarity matrix. Nothing is approximated: the sums run over every node.
+O(K^2 p) of the dense similarity matrix. Nothing is approximated: the sums run over every node. (One
+user's whole catalogue reads the item side in float32, `engine.catalogue_products`: to about 1e-6.)
 
 A sharper kernel keeps both properties. The scaled cosine never drops far below 1/4, so the product kernel
 weighs every known entry almost alike. Two optional terms concentrate the weight on the entries that share
@@ -308,8 +309,8 @@ class DenseAffinity:
         return out
 
     def weighted_lines(self, lines: IntArray, weights: FloatArray) -> FloatArray:
-        """weights^T table[lines]: (q, size) for weights (len(lines), q)."""
-        out: FloatArray = weights.T @ np.take(self.table, lines, axis=0)
+        """table[lines]^T weights: (size, q) for weights (len(lines), q)."""
+        out: FloatArray = np.take(self.table, lines, axis=0).T @ weights
         return out
 
     def grown(self, size: int) -> DenseAffinity:
@@ -359,9 +360,9 @@ class SparseAffinity:
         return out
 
     def weighted_lines(self, lines: IntArray, weights: FloatArray) -> FloatArray:
-        """weights^T table[lines]: (q, size) for weights (len(lines), q), without densifying the lines (a
+        """table[lines]^T weights: (size, q) for weights (len(lines), q), without densifying the lines (a
         user with thousands of ratings over a large catalogue)."""
-        out: FloatArray = np.asarray(self.matrix[lines].T @ weights).T
+        out: FloatArray = np.asarray(self.matrix[lines].T @ weights)
         return out
 
     def grown(self, size: int) -> SparseAffinity:
@@ -583,6 +584,14 @@ def affinity_messages(
     by column for the user table (the roles swapped). Up to FEW_USERS distinct lines (a request's user)
     one matrix product per line over its block of the table, else one (query, member) pair at a time."""
     p = weights.shape[1] + int(with_total)
+    one = one_row(rows)
+    if one is not None and 4 * len(rows) > len(affinity):  # one user's catalogue: no scatter
+        members = index.order[index.indptr[one] : index.indptr[one + 1]]
+        vals = np.take(weights, members, axis=0)
+        if with_total:
+            vals = np.hstack([vals, np.ones((len(vals), 1))])
+        whole: np.ndarray = affinity.weighted_lines(known_other[members], vals)[cols]
+        return whole
     out = np.zeros((len(rows), p))
     users, inverse = np.unique(rows, return_inverse=True)
     if len(users) <= FEW_USERS:
@@ -595,7 +604,7 @@ def affinity_messages(
             if 4 * len(mine) > len(affinity):
                 # Most of the table's columns asked for (a top-N over the catalogue): whole rows of the
                 # (symmetric) table, a contiguous gather, instead of a scattered (queries, members) block.
-                out[mine] = affinity.weighted_lines(known_other[members], vals)[:, cols[mine]].T
+                out[mine] = affinity.weighted_lines(known_other[members], vals)[cols[mine]]
             else:
                 out[mine] = affinity.block(cols[mine], known_other[members]) @ vals
         return out
@@ -750,14 +759,28 @@ class Lines:
         known = self.known
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         column_terms = self.column_terms
-        user = one_row(rows) if columns is not None and column_terms else None
-        if columns is not None and user is not None and 4 * known.by_col.counts(cols).sum() > len(known):
+        user = one_row(rows) if column_terms else None
+        # One user's queries: both column terms weigh the entry l by e[i_l] = lambda_i s_r(i, i_l) +
+        # lambda_c w_u(i, i_l), one vector over the users. Read with it when the queries' columns hold
+        # many known entries (a dense matrix's items): for most of the entries, one pass over all of them;
+        # else the columns' members gathered, a number each, not an embedding each (`line_messages`).
+        reached = int(known.by_col.counts(cols).sum()) if user is not None else 0
+        whole = columns is not None and 4 * reached > len(known)
+        if user is not None and (whole or 4 * reached > known.n_users):
             e = np.zeros(known.n_users)
             if self.same_item > 0:
                 e += self.same_item * (a[: known.n_users] @ a[user])
             if self.co_rating_user > 0 and self.user_affinity is not None:
                 e += self.co_rating_user * self.user_affinity.rows(np.array([user]))[0, : known.n_users]
-            out += column_pass(columns, e, with_total)[cols]
+            if whole:
+                assert columns is not None
+                out += column_pass(columns, e, with_total)[cols]
+            else:
+                members, counts = known.by_col.members(cols)
+                vals = np.take(weights, members, axis=0)
+                if with_total:
+                    vals = np.hstack([vals, np.ones((len(vals), 1))])
+                out += _segment_sums(e[known.rows[members]][:, None] * vals, counts)
             column_terms = False
         if self.same_user > 0 and same_user:
             user_term = line_messages(known.by_row, b, known.cols, weights, rows, b[cols], with_total)
@@ -1101,25 +1124,38 @@ def bias_baseline(
     return mu, b, c
 
 
-def level_distribution(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Distributions over the levels whose expectations are `values` clipped to [L_1, L_p]: each value's
-    weight sits on the two levels around it, split linearly: (K, p)."""
+def _level_split(values: np.ndarray, levels: np.ndarray) -> tuple[IntArray, FloatArray]:
+    """For `level_distribution`: each value's lower level (its weight 1 - frac; the next level's frac)."""
     v = np.clip(np.asarray(values, dtype=np.float64), levels[0], levels[-1])
     upper = np.clip(np.searchsorted(levels, v, side="right"), 1, len(levels) - 1)
     lower = upper - 1
-    frac = (v - levels[lower]) / (levels[upper] - levels[lower])
-    out = np.zeros((len(v), len(levels)))
-    k = np.arange(len(v))
+    frac: FloatArray = (v - levels[lower]) / (levels[upper] - levels[lower])
+    return lower, frac
+
+
+def level_distribution(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Distributions over the levels whose expectations are `values` clipped to [L_1, L_p]: each value's
+    weight sits on the two levels around it, split linearly: (K, p)."""
+    lower, frac = _level_split(values, levels)
+    out = np.zeros((len(lower), len(levels)))
+    k = np.arange(len(lower))
     out[k, lower] = 1.0 - frac
-    out[k, upper] += frac
+    out[k, lower + 1] += frac
     return out
 
 
 def baseline_mixture(
     dist: np.ndarray, prediction: np.ndarray, levels: np.ndarray, weight: float
 ) -> np.ndarray:
-    """(1 - weight) dist + weight B, with B the level distribution of the baseline's prediction: (K, p)."""
-    return (1.0 - weight) * dist + weight * level_distribution(prediction, levels)
+    """(1 - weight) dist + weight B, with B the level distribution of the baseline's prediction: (K, p).
+    B's two non-zero levels per row are added where they fall (a catalogue's rows: no (K, p) B)."""
+    lower, frac = _level_split(prediction, levels)
+    out: np.ndarray = dist * (1.0 - weight)
+    flat = out.reshape(-1)
+    at = np.arange(len(lower)) * len(levels) + lower
+    flat[at] += weight * (1.0 - frac)
+    flat[at + 1] += weight * frac
+    return out
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,19 @@ def test_a_new_item_joins_the_field_once_a_trained_user_rates_it(artifact: Artif
     np.testing.assert_allclose(state.scorer.field.h, fresh.field.h, rtol=1e-10, atol=1e-10)
 
 
+def test_the_float32_catalogue_follows_the_item_embeddings(artifact: Artifact) -> None:
+    # Whole-catalogue reads take the float32 item table: the artifact's map, kept while no item changes.
+    fold, _ = _fold(artifact, EXACT)
+    table = fold.state.network.catalogue
+    assert table.dtype == np.float32 and np.shares_memory(table, artifact.item_embeddings)
+    fold.apply([(artifact.users.external(3), artifact.items.external(1), 5.0)])
+    assert fold.state.network.catalogue is table
+    fold.apply([("stranger", "gadget", 5.0), (artifact.users.external(2), "gadget", 4.0)])  # embedded
+    network = fold.state.network
+    assert len(network.catalogue) == network.n_items == artifact.config.n_items + 1
+    np.testing.assert_array_equal(network.catalogue, network.item_emb.astype(np.float32))
+
+
 def test_the_changed_users_rows_of_the_user_table_follow_their_ratings(artifact: Artifact) -> None:
     from model.exact import co_rating_rows
 
