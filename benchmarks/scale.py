@@ -393,8 +393,22 @@ NOTES = """\
   0.2629 after; the machine ran slower than at `3112ff7` (0.240) throughout. `a1f3578` against `d52dee0`
   (the sparse product reading the weight in place, LineAdam without the coalescing copy), 120 steps
   each: 0.261 and 0.245 s per step before, 0.226 and 0.219 after.
-- Not run: the ml-10m pipeline end to end (train to the preset's schedule, search, serve, test RMSE):
-  60 epochs of 468 s would be 8 hours on this box."""
+- The machine of the records from `e6e7396` on (2026-11-27, evening) is faster than that of the earlier
+  ones: `e6e7396` (the serving code of `1acb82e`) answered /recommend at p50 66 ms here, `1acb82e` 120 ms
+  there, and ML-100K's epochs took 0.9 s against 1.4-1.6 s. Compare times only within one machine.
+- epinions-synth's serve records from `e6e7396` on served an artifact retrained here at `e6e7396` with the
+  training record's command (run as `dcmc train` directly, so no train record and no look at the test
+  split): 10 epochs in 867 s (76-122 s each; tests and profiling ran beside some of them), validation
+  RMSE 0.8150, search 472 s (100 trials, best 0.6975). At `e6e7396` /recommend p50 66 ms, at `44ca058`
+  (catalogue read in float32, embeddings kept as the artifact's maps, 64 MiB glibc trim threshold) 41 ms,
+  at `5e87e2c` 37 ms.
+- ml-10m-synth: the schedule (4 epochs, learning rate halved every 2, search cut at 900 s) was chosen for
+  this session's time, not on validation; the network's validation RMSE was still falling (1.022, 0.875,
+  0.837, 0.827 after epochs 1-4), so the network is under-trained. Its co-rating terms were left out of
+  the search (the training split's tables cost 4.3 G and 68 G co-rated pairs, over the 2 G budget). Peak
+  RSS is the whole `dcmc train` (training, export, search). The test split was scored once. Served at
+  `b31ff83` (/predict 100 p50 39 ms: the same-item term gathered each column's members' embeddings) and
+  at `5e87e2c` (9.0 ms)."""
 
 
 def _records() -> list[dict[str, Any]]:
