@@ -220,30 +220,18 @@ def line_messages(
     taken in groups of about that many (their members' embeddings are gathered group by group)."""
     lines, inverse = np.unique(query_line, return_inverse=True)
     counts = index.counts(lines)
-    if len(lines) > 1 and counts.sum() > MEMBER_CHUNK:
+    # Consecutive lines, about MEMBER_CHUNK members each (a group's lines all start within one window of
+    # MEMBER_CHUNK, so a group read again is one group: the recursion ends).
+    group = (np.cumsum(counts) - counts) // MEMBER_CHUNK
+    if len(group) and group[-1] > 0:
         out = np.empty((len(query_line), weights.shape[1] + int(with_total)))
-        group = (np.cumsum(counts) - counts) // MEMBER_CHUNK  # consecutive lines, about MEMBER_CHUNK each
         of_query = group[inverse]
         for g in np.unique(group):
-            mine = np.flatnonzero(of_query == g)
-            out[mine] = _line_messages(
-                index, table, other, weights, query_line[mine], query_vec[mine], with_total
+            ours = np.flatnonzero(of_query == g)
+            out[ours] = line_messages(
+                index, table, other, weights, query_line[ours], query_vec[ours], with_total
             )
         return out
-    return _line_messages(index, table, other, weights, query_line, query_vec, with_total)
-
-
-def _line_messages(
-    index: LineIndex,
-    table: np.ndarray,
-    other: np.ndarray,
-    weights: np.ndarray,
-    query_line: np.ndarray,
-    query_vec: np.ndarray,
-    with_total: bool = False,
-) -> np.ndarray:
-    """`line_messages` of one group of lines, in one gather."""
-    lines, inverse = np.unique(query_line, return_inverse=True)
     members, counts = index.members(lines)
     # np.take: a row gather several times faster than fancy indexing, on the request path
     vec, w = np.take(table, other[members], axis=0), np.take(weights, members, axis=0)
