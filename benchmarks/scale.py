@@ -406,7 +406,9 @@ NOTES = """\
   this session's time, not on validation; the network's validation RMSE was still falling (1.022, 0.875,
   0.837, 0.827 after epochs 1-4), so the network is under-trained. Its co-rating terms were left out of
   the search (the training split's tables cost 4.3 G and 68 G co-rated pairs, over the 2 G budget). Peak
-  RSS is the whole `dcmc train` (training, export, search). The test split was scored once. Served at
+  RSS is the whole `dcmc train` (training, export, search). Unit tests and a short in-process profile
+  (about two minutes in all) ran beside its first epoch (343 s, against 305-318 s for the other three).
+  The test split was scored once. Served at
   `b31ff83` (/predict 100 p50 39 ms: the same-item term gathered each column's members' embeddings) and
   at `5e87e2c` (9.0 ms)."""
 
