@@ -133,7 +133,20 @@ def test_paper_mode_draws_its_partitions_over_the_grown_matrix(artifact: Artifac
 
 
 def test_the_baseline_refits_the_changed_users_biases(artifact: Artifact) -> None:
+    from model.exact import bias_baseline
+    from model.online import ITEM_SHRINK, USER_SHRINK
+
     fold, _ = _fold(artifact, {**EXACT, "output.baseline": 0.5})
+    # The new items' baseline is the scorer's own fit (same ratings, same penalties), not a second one.
+    known = artifact.known()
+    fitted = bias_baseline(
+        known.rows, known.cols, known.values, known.n_users, known.n_items, USER_SHRINK, ITEM_SHRINK
+    )
+    start = fold.state.scorer
+    assert isinstance(start, ExactScorer) and start.biases is not None
+    assert all(x is y for x, y in zip(fold.state.biases, start.biases, strict=True))
+    for x, y in zip(fold.state.biases, fitted, strict=True):
+        np.testing.assert_array_equal(x, y)
     fold.apply(_batch(artifact))
     scorer = fold.state.scorer
     assert isinstance(scorer, ExactScorer) and scorer.biases is not None
