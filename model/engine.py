@@ -116,7 +116,7 @@ def catalogue_products(network: Network, vectors: FloatArray, cols: IntArray) ->
     table = network.catalogue
     v = np.asarray(vectors, dtype=np.float32)
     whole: np.ndarray = table @ v[:, 1:].T  # (m, q)
-    whole *= (np.float32(1.0 / np.sqrt(2.0)) / network.item_norms.astype(np.float32))[:, None]
+    whole *= network.catalogue_scale[:, None]
     whole += v[:, 0] * np.float32(1.0 / np.sqrt(2.0))
     if len(cols) == len(table) and cols[0] == 0 and (np.diff(cols) == 1).all():
         return whole  # the whole catalogue in order: no gather
@@ -178,6 +178,7 @@ class Network:
     user_unit: FloatArray = field(init=False, repr=False)  # (n, d) unit rows: s_r = (1 + u . u') / 2
     item_unit: FloatArray = field(init=False, repr=False)  # (m, d)
     item_norms: FloatArray = field(init=False, repr=False)  # (m,): item_emb = item_norms * item_unit
+    catalogue_scale: np.ndarray = field(init=False, repr=False)  # (m,) float32: 1 / (sqrt(2) |e_j|)
 
     def __post_init__(self) -> None:
         for name in ("user_emb", "item_emb"):
@@ -192,6 +193,7 @@ class Network:
         norms = np.maximum(np.linalg.norm(items, axis=1), 1e-12)
         object.__setattr__(self, "item_norms", norms)
         object.__setattr__(self, "item_unit", items / norms[:, None])  # normalize_rows, the same
+        object.__setattr__(self, "catalogue_scale", np.float32(1.0 / np.sqrt(2.0)) / norms.astype(np.float32))
 
     @property
     def catalogue(self) -> np.ndarray:

@@ -200,6 +200,15 @@ def _segment_sums(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
+def member_weights(weights: FloatArray, members: IntArray, with_total: bool) -> FloatArray:
+    """The known entries' weights (len(members), p), with a column of ones after them when `with_total`
+    (what sums the similarities alone: the normaliser's share)."""
+    w: FloatArray = np.take(weights, members, axis=0)
+    if with_total:
+        w = np.hstack([w, np.ones((len(w), 1))])
+    return w
+
+
 def line_messages(
     index: LineIndex,
     table: np.ndarray,
@@ -234,9 +243,7 @@ def line_messages(
         return out
     members, counts = index.members(lines)
     # np.take: a row gather several times faster than fancy indexing, on the request path
-    vec, w = np.take(table, other[members], axis=0), np.take(weights, members, axis=0)
-    if with_total:
-        w = np.hstack([w, np.ones((len(w), 1))])
+    vec, w = np.take(table, other[members], axis=0), member_weights(weights, members, with_total)
     k, (m, p), d = len(query_line), w.shape, table.shape[1]
     per_query = counts[inverse]
     if m == 0:
@@ -575,9 +582,7 @@ def affinity_messages(
     one = one_row(rows)
     if one is not None and 4 * len(rows) > len(affinity):  # one user's catalogue: no scatter
         members = index.order[index.indptr[one] : index.indptr[one + 1]]
-        vals = np.take(weights, members, axis=0)
-        if with_total:
-            vals = np.hstack([vals, np.ones((len(vals), 1))])
+        vals = member_weights(weights, members, with_total)
         whole: np.ndarray = affinity.weighted_lines(known_other[members], vals)[cols]
         return whole
     out = np.zeros((len(rows), p))
@@ -586,9 +591,7 @@ def affinity_messages(
         for i, user in enumerate(users):
             mine = np.flatnonzero(inverse == i)
             members = index.order[index.indptr[user] : index.indptr[user + 1]]
-            vals = np.take(weights, members, axis=0)
-            if with_total:
-                vals = np.hstack([vals, np.ones((len(vals), 1))])
+            vals = member_weights(weights, members, with_total)
             if 4 * len(mine) > len(affinity):
                 # Most of the table's columns asked for (a top-N over the catalogue): whole rows of the
                 # (symmetric) table, a contiguous gather, instead of a scattered (queries, members) block.
@@ -605,9 +608,7 @@ def affinity_messages(
         owner, pos = ranges(index.indptr[rows[lo:hi]], count)
         members = index.order[pos]
         w = affinity.pairs(cols[lo:hi][owner], known_other[members])
-        vals = np.take(weights, members, axis=0)
-        if with_total:
-            vals = np.hstack([vals, np.ones((len(vals), 1))])
+        vals = member_weights(weights, members, with_total)
         out[lo:hi] = _segment_sums(w[:, None] * vals, count)
         lo = hi
     return out
@@ -719,9 +720,7 @@ class Lines:
         `with_total`. The same-user term of a query (user, j) is lambda_u b_j . (row u), a read like the
         field's."""
         members = self.known.by_row.of(user)
-        w = np.take(weights, members, axis=0)
-        if with_total:
-            w = np.hstack([w, np.ones((len(w), 1))])
+        w = member_weights(weights, members, with_total)
         out: FloatArray = w.T @ np.take(b, self.known.cols[members], axis=0)
         return out
 
@@ -765,9 +764,7 @@ class Lines:
                 out += column_pass(columns, e, with_total)[cols]
             else:
                 members, counts = known.by_col.members(cols)
-                vals = np.take(weights, members, axis=0)
-                if with_total:
-                    vals = np.hstack([vals, np.ones((len(vals), 1))])
+                vals = member_weights(weights, members, with_total)
                 out += _segment_sums(e[known.rows[members]][:, None] * vals, counts)
             column_terms = False
         if self.same_user > 0 and same_user:
