@@ -642,9 +642,17 @@ class ColumnMajor:
         return cls._of_sorted(np.ascontiguousarray(t[known.by_col.order].T), known)
 
     @classmethod
-    def clamped(cls, known: Ratings, labels: IntArray, compat: FloatArray) -> ColumnMajor:
-        """Entries clamped to their labels, t = compat[labels]: the `by_label` form."""
-        p = len(compat)
+    def clamped(
+        cls, known: Ratings, labels: IntArray, compat: FloatArray, matrix: sp.csr_matrix | None = None
+    ) -> ColumnMajor:
+        """Entries clamped to their labels, t = compat[labels]: the `by_label` form (`matrix`: their
+        `label_matrix`, when the caller has it; it does not depend on compat)."""
+        by_label = cls.label_matrix(known, labels, len(compat)) if matrix is None else matrix
+        return cls([], by_label, np.asarray(compat, dtype=np.float64))
+
+    @staticmethod
+    def label_matrix(known: Ratings, labels: IntArray, p: int) -> sp.csr_matrix:
+        """The (m p, n) matrix of ones whose row j p + v holds the users of column j's entries labelled v."""
         keys = known.cols * p + labels
         order = np.argsort(keys, kind="stable")
         index_type = _index_type(max(known.n_users, known.n_items * p + 1, len(known)))
@@ -652,8 +660,7 @@ class ColumnMajor:
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(index_type)
         indices = known.rows[order].astype(index_type)
         shape = (known.n_items * p, known.n_users)
-        by_label = sp.csr_matrix((np.ones(len(order)), indices, indptr), shape=shape, copy=False)
-        return cls([], by_label, np.asarray(compat, dtype=np.float64))
+        return sp.csr_matrix((np.ones(len(order)), indices, indptr), shape=shape, copy=False)
 
 
 def _index_type(size: int) -> type[np.signedinteger[Any]]:
@@ -878,14 +885,20 @@ class KnownField:
         )
 
     def with_columns(
-        self, lines: Lines | None, labels: IntArray | None = None, compat: FloatArray | None = None
+        self,
+        lines: Lines | None,
+        labels: IntArray | None = None,
+        compat: FloatArray | None = None,
+        matrix: sp.csr_matrix | None = None,
     ) -> KnownField:
         """This field with `columns` set when the kernel has a column term (else as it is); `labels` and
-        `compat` for known entries clamped to their labels (t = compat[labels]: `ColumnMajor.clamped`)."""
+        `compat` for known entries clamped to their labels (t = compat[labels]: `ColumnMajor.clamped`,
+        from `matrix` when given)."""
         if self.t is None or lines is None or not lines.column_terms:
             return self
         if labels is not None and compat is not None:
-            return dataclasses.replace(self, columns=ColumnMajor.clamped(lines.known, labels, compat))
+            columns = ColumnMajor.clamped(lines.known, labels, compat, matrix)
+            return dataclasses.replace(self, columns=columns)
         return dataclasses.replace(self, columns=ColumnMajor.of(self.t, lines.known))
 
 
@@ -1217,6 +1230,7 @@ class ExactParts:
         self.labels = nearest_level(known.values, network.levels)
         self._grams: dict[str, CoRatingGram] = {}
         self._per_label: tuple[FloatArray, FloatArray] | None = None
+        self._label_matrix: sp.csr_matrix | None = None
         self._biases: dict[tuple[float, float], tuple[float, FloatArray, FloatArray]] = {}
 
     def table(self, what: str, power: float, shrink: float) -> Affinity:
@@ -1230,6 +1244,12 @@ class ExactParts:
                 gram = CoRatingGram.of(known.cols, known.rows, known.values, net.n_items, net.n_users, what)
             self._grams[what] = gram
         return gram.table(power, shrink)
+
+    def label_matrix(self, p: int) -> sp.csr_matrix:
+        """`ColumnMajor.label_matrix` of the known entries (p levels), built on first use."""
+        if self._label_matrix is None or self._label_matrix.shape[0] != self.known.n_items * p:
+            self._label_matrix = ColumnMajor.label_matrix(self.known, self.labels, p)
+        return self._label_matrix
 
     def clamped_field(self, compat: FloatArray) -> tuple[FloatArray, FloatArray]:
         """(G, H) of the known entries clamped to their labels, under the compatibility `compat`."""
@@ -1290,7 +1310,12 @@ class ExactScorer:
         needs_t = self.lines is not None and self.lines.active
         clamped = kernel.known == "clamped"
         labels = parts.labels if parts is not None else nearest_level(known.values, network.levels)
-        by_label = (labels, self.compat) if clamped else (None, None)
+        # The item-ordered copy of the clamped entries that one user's catalogue read takes: built once
+        # per `parts` (a search's trials share it), not once per trial.
+        matrix = None
+        if clamped and parts is not None and self.lines is not None and self.lines.column_terms:
+            matrix = parts.label_matrix(len(self.compat))
+        by_label = (labels, self.compat, matrix) if clamped else (None, None, None)
         if stored is not None and stored_key == self.key and (stored.t is not None) == needs_t:
             self.field = KnownField(
                 g=stored.g,

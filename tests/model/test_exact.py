@@ -532,3 +532,27 @@ def test_softmax_and_log_softmax_of_rows_of_few_levels_equal_the_reduction_along
     batched = np.random.default_rng(0).normal(size=(3, 4, p))  # (B, K, p): along the last axis
     np.testing.assert_allclose(engine.softmax(batched).sum(axis=-1), 1.0)
     np.testing.assert_allclose(np.exp(engine.log_softmax(batched)), engine.softmax(batched), rtol=1e-12)
+
+
+def test_scorers_from_shared_parts_share_the_clamped_entries_item_ordered_copy() -> None:
+    # A search builds one scorer per trial from the same parts: the clamped entries' per-label matrix of
+    # the catalogue read is built once, and the scorers' answers equal those of a scorer without parts.
+    rng = np.random.default_rng(5)
+    n, m, d = 9, 7, 3
+    levels = np.array([1.0, 2.0, 3.0, 4.0])
+    cfg = ModelConfig(n_users=n, n_items=m, levels=tuple(levels), hidden=(8, d), gamma=0.3, mf_layers=3)
+    rows, cols = np.nonzero(rng.random((n, m)) < 0.6)
+    network = _random_network(rng, cfg)
+    ratings = Ratings(rows, cols, rng.integers(1, 5, len(rows)).astype(float), n, m)
+    parts = exact.ExactParts(network, ratings)
+    q_rows, q_cols = np.full(m, 2), np.arange(m)  # one user's catalogue: the column pass
+    scorers = []
+    for tau in (1.0, 4.0):
+        inference = _exact(scaling="normalized", known="clamped", same_item=1.5, tau=tau)
+        shared = build_scorer(network, ratings, inference, parts=parts)
+        alone = build_scorer(network, ratings, inference)
+        assert isinstance(shared, exact.ExactScorer) and isinstance(alone, exact.ExactScorer)
+        np.testing.assert_allclose(shared.predict(q_rows, q_cols), alone.predict(q_rows, q_cols), rtol=1e-12)
+        scorers.append(shared)
+    first, second = (s.field.columns for s in scorers)
+    assert first is not None and second is not None and first.by_label is second.by_label
