@@ -240,7 +240,9 @@ def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> Sto
         raise ValueError(f"{key_path} does not hold a JSON object")
     with np.load(directory / KNOWN_FIELD, allow_pickle=False) as z:
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
-        t = z["t"].astype(np.float64) if "t" in z.files else None
+        # A field of clamped entries never reads a stored t (it follows from the labels; artifacts written
+        # before that hold one): not read, not held.
+        t = z["t"].astype(np.float64) if "t" in z.files and key.get("known") != "clamped" else None
         tables = {
             what: (z[f"{what}_indptr"], z[f"{what}_indices"], z[f"{what}_data"].astype(np.float32))
             for what in ("items", "users")

@@ -58,12 +58,14 @@ import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import blas
 
-from model.artifact import StoredField
+from model.artifact import StoredField, save_known_field
 from model.config import Crf, KernelSettings, OutputSettings
 from model.engine import (
     Network,
@@ -89,13 +91,28 @@ CO_RATING_NEIGHBOURS = 100
 max(0, rho) at the default shrinkage (the search's start), and every pair that keeps it (symmetric)."""
 
 GRAM_PAIR_BUDGET = 2_000_000_000
-"""Most co-rated pairs a sparse co-rating table may cost to build (`gram_pairs`). The synthetic Epinions
-tables cost 0.5 G (items) and 0.8 G (users) pairs and build in minutes here; the synthetic ml-10m ones
-7.6 G and 122 G (hours to days). Above it the search and the untuned start leave that term off
+"""Most co-rated pairs (or their equivalent in dense products) a sparse co-rating table may cost to build
+(`gram_cost`). The synthetic Epinions tables cost 0.5 G (items) and 0.8 G (users) pairs and build in
+minutes here; the synthetic ml-10m ones 7.6 G and 122 G pairs on all its ratings, its item table 0.8 G as
+dense products (`GRAM_BLAS_LINES`). Above it the search and the untuned start leave that term off
 (`co_rating_affordable`, training/tune.py)."""
+
+GRAM_BLAS_LINES = 16384
+"""Up to this many lines a sparse table's gram may instead be built from dense products of the pivot
+lines, chunk by chunk (`CoRatingGram._products`: two float32 m x m accumulators, 2 GB at this size), which
+costs n m^2 whatever the density: on a dense matrix far less than its co-rated pairs (the synthetic
+ml-10m's item table: 4.3 G pairs, 13 min here; 8.0 T n m^2, under 3 min)."""
+
+PRODUCT_UNITS_PER_PAIR = 20_000
+"""What one co-rated pair of the sparse gram costs in n m^2 units of the dense products' time, measured
+here: the sparse product visits 5.3 M pairs a second, a float32 syrk 1e11 n m^2 (each with a training run
+beside it). It converts the products' cost to pairs, so that one budget bounds both (`gram_cost`)."""
 
 GRAM_CHUNK_PAIRS = 20_000_000
 """Co-rated (line, line) pairs per chunk of a sparse gram's product: bounds its temporaries."""
+
+PRODUCT_CHUNK_CELLS = 1 << 24
+"""Cells of a dense chunk of the gram's products (64 MB of float32) and of its ranking."""
 
 PAIR_CHUNK = 1 << 21
 """(query, line member) pairs per pass of the co-rating term: bounds its temporaries."""
@@ -136,7 +153,7 @@ class FactorizedGraph:
         cuts = np.searchsorted(ends, np.arange(NODE_CHUNK, len(rows), NODE_CHUNK), side="left") + 1
         self.user_chunks = np.unique(np.r_[0, cuts[cuts < len(self.users)], len(self.users)])
 
-    def aggregate(self, weights: np.ndarray) -> np.ndarray:
+    def aggregate(self, weights: Distributions) -> np.ndarray:
         """G_u = sum_l weights[l, u] a_{i_l} b_{j_l}^T for every column u of weights (K, p): (p, D, D)."""
         out = np.zeros((weights.shape[1], self.a.shape[1], self.b.shape[1]))
         if len(self.rows) == 0:
@@ -200,10 +217,10 @@ def _segment_sums(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def member_weights(weights: FloatArray, members: IntArray, with_total: bool) -> FloatArray:
+def member_weights(weights: Distributions, members: IntArray, with_total: bool) -> FloatArray:
     """The known entries' weights (len(members), p), with a column of ones after them when `with_total`
     (what sums the similarities alone: the normaliser's share)."""
-    w: FloatArray = np.take(weights, members, axis=0)
+    w: FloatArray = weights[members]
     if with_total:
         w = np.hstack([w, np.ones((len(w), 1))])
     return w
@@ -213,7 +230,7 @@ def line_messages(
     index: LineIndex,
     table: np.ndarray,
     other: np.ndarray,
-    weights: np.ndarray,
+    weights: Distributions,
     query_line: np.ndarray,
     query_vec: np.ndarray,
     with_total: bool = False,
@@ -429,6 +446,9 @@ class CoRatingGram:
         """The gram of the columns of the n x m matrix (rows, cols, values), each row's mean removed."""
         mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(np.bincount(rows, minlength=n), 1)
         if m > DENSE_TABLE_MAX:
+            pairs, products = _gram_costs(np.bincount(rows, minlength=n), m)
+            if products is not None and products < pairs:
+                return cls._products(rows, cols, values - mean[rows], n, m)
             return cls._sparse(rows, cols, values - mean[rows], n, m)
         centred = np.zeros((n, m))
         centred[rows, cols] = values - mean[rows]
@@ -479,6 +499,44 @@ class CoRatingGram:
         flat, first = np.unique(np.concatenate(keys), return_index=True)
         return cls(m, flat, np.concatenate(cosines)[first], np.concatenate(cos)[first])
 
+    @classmethod
+    def _products(cls, rows: IntArray, cols: IntArray, centred: FloatArray, n: int, m: int) -> CoRatingGram:
+        """Each column's strongest positive pairs, as `_sparse` keeps them, from the whole gram: float32
+        syrk products of dense chunks of rows accumulate the centred columns' inner products and the
+        co-rating counts (exact: integers below 2^24) in two m x m arrays, whose rows are then ranked."""
+        by_row = sp.csr_matrix((centred, (rows, cols)), shape=(n, m))
+        by_row.sum_duplicates()
+        num = np.zeros((m, m), dtype=np.float32, order="F")
+        both = np.zeros((m, m), dtype=np.float32, order="F")
+        step = max(1, PRODUCT_CHUNK_CELLS // m)
+        for lo in range(0, n, step):
+            chunk = by_row[lo : lo + step]
+            x = chunk.astype(np.float32).toarray(order="F")
+            num = blas.ssyrk(1.0, x, beta=1.0, c=num, trans=1, overwrite_c=1)  # upper triangle of x^T x
+            x[...] = 0.0
+            x[np.repeat(np.arange(chunk.shape[0]), np.diff(chunk.indptr)), chunk.indices] = 1.0
+            both = blas.ssyrk(1.0, x, beta=1.0, c=both, trans=1, overwrite_c=1)
+            del x
+        norms = np.sqrt(np.diagonal(num).astype(np.float64))
+        keys, cosines, cos = [], [], []
+        for lo in range(0, m, step):
+            hi = min(m, lo + step)
+            below = np.arange(m)[None, :] < np.arange(lo, hi)[:, None]  # the lower triangle: mirror it
+            dot = np.where(below, num[:, lo:hi].T, num[lo:hi]).astype(np.float64)
+            co = np.where(below, both[:, lo:hi].T, both[lo:hi]).astype(np.float64)
+            cosine = dot / np.maximum(norms[lo:hi, None] * norms[None, :], 1e-12)
+            score = np.where(cosine > 0, cosine * co / (co + 10.0), -1.0)  # the default shrinkage ranks
+            top = np.argsort(-score, axis=1, kind="stable")[:, :CO_RATING_NEIGHBOURS]
+            r = np.repeat(np.arange(hi - lo), top.shape[1])
+            c = top.reshape(-1)
+            keep = score[r, c] > 0
+            r, c = r[keep], c[keep]
+            keys += [(r + lo) * m + c, c * m + r + lo]  # and the mirror image: the table stays symmetric
+            cosines += [cosine[r, c]] * 2
+            cos += [co[r, c]] * 2
+        flat, first = np.unique(np.concatenate(keys), return_index=True)
+        return cls(m, flat, np.concatenate(cosines)[first], np.concatenate(cos)[first])
+
     def table(self, power: float, shrink: float) -> Affinity:
         """w = max(0, cosine x co / (co + shrink))^power: (m, m), dense or sparse."""
         w = self.co / (self.co + shrink)
@@ -493,19 +551,29 @@ class CoRatingGram:
         return DenseAffinity(out.reshape(self.m, self.m))
 
 
-def gram_pairs(known: Ratings, what: str) -> int:
-    """The co-rated pairs the gram of the item table (`items`: every pair of items one user rated, summed
-    over the users) or of the user table (`users`: the pairs of users who rated one item) visits: the sum
-    of the pivot lines' rating counts squared."""
-    counts = np.bincount(known.rows if what == "items" else known.cols).astype(np.float64)
-    return int(counts @ counts)
+def _gram_costs(pivot_counts: IntArray, m: int) -> tuple[int, int | None]:
+    """(co-rated pairs of the sparse gram, its dense products' cost in pairs or None above
+    GRAM_BLAS_LINES) of the gram of m lines whose pivot lines hold `pivot_counts` ratings each."""
+    counts = np.asarray(pivot_counts, dtype=np.float64)
+    products = 2 * len(counts) * m * m // PRODUCT_UNITS_PER_PAIR if m <= GRAM_BLAS_LINES else None
+    return int(counts @ counts), products
+
+
+def gram_cost(known: Ratings, what: str) -> int:
+    """What the sparse gram of the item table (`items`) or the user table (`users`) costs, in co-rated
+    pairs: those its sparse product visits (every pair of items one user rated, summed over the users, or
+    of users who rated one item: the sum of the pivot lines' rating counts squared), or the equivalent of
+    its dense products (`GRAM_BLAS_LINES`) when they cost less."""
+    pivots, m = (known.rows, known.n_items) if what == "items" else (known.cols, known.n_users)
+    pairs, products = _gram_costs(np.bincount(pivots), m)
+    return pairs if products is None else min(pairs, products)
 
 
 def co_rating_affordable(known: Ratings, what: str) -> bool:
     """Whether the co-rating table of the items or the users is worth building: a dense one (up to
-    DENSE_TABLE_MAX lines) always is, a sparse one when `gram_pairs` is within GRAM_PAIR_BUDGET."""
+    DENSE_TABLE_MAX lines) always is, a sparse one when `gram_cost` is within GRAM_PAIR_BUDGET."""
     lines = known.n_items if what == "items" else known.n_users
-    return lines <= DENSE_TABLE_MAX or gram_pairs(known, what) <= GRAM_PAIR_BUDGET
+    return lines <= DENSE_TABLE_MAX or gram_cost(known, what) <= GRAM_PAIR_BUDGET
 
 
 def co_rating_affinity(
@@ -568,7 +636,7 @@ def affinity_messages(
     index: LineIndex,
     affinity: Affinity,
     known_other: np.ndarray,
-    weights: np.ndarray,
+    weights: Distributions,
     rows: np.ndarray,
     cols: np.ndarray,
     with_total: bool = False,
@@ -637,7 +705,7 @@ class ColumnMajor:
         return cls([sp.csr_matrix((d, indices, ptr), shape=shape, copy=False) for d in data])
 
     @classmethod
-    def of(cls, t: FloatArray, known: Ratings) -> ColumnMajor:
+    def of(cls, t: Distributions, known: Ratings) -> ColumnMajor:
         """The entries of `known` (with distributions t (N, p) in its order) sorted by item."""
         return cls._of_sorted(np.ascontiguousarray(t[known.by_col.order].T), known)
 
@@ -661,6 +729,32 @@ class ColumnMajor:
         indices = known.rows[order].astype(index_type)
         shape = (known.n_items * p, known.n_users)
         return sp.csr_matrix((np.ones(len(order)), indices, indptr), shape=shape, copy=False)
+
+
+@dataclass(frozen=True)
+class ClampedRows:
+    """t of known entries clamped to their labels, t = compat[labels] (N, p), without the array: the
+    rows a term reads are gathered when read (`t[index]`). N x p float64 is 640 MB on ml-10m,
+    held by every worker and every search trial; the labels are the ratings themselves."""
+
+    labels: IntArray
+    compat: FloatArray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.labels), self.compat.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: Any) -> FloatArray:
+        out: FloatArray = self.compat[self.labels[index]]
+        return out
+
+
+Distributions = FloatArray | ClampedRows
+"""The known entries' compatibility-transformed distributions t (N, p): an array, or the clamped ones'
+labels (`ClampedRows`)."""
 
 
 def _index_type(size: int) -> type[np.signedinteger[Any]]:
@@ -721,7 +815,7 @@ class Lines:
         return (self.co_rating + self.co_rating_user) * self.co_rating_prior
 
     def user_sums(
-        self, user: int, weights: FloatArray, b: FloatArray, with_total: bool = False
+        self, user: int, weights: Distributions, b: FloatArray, with_total: bool = False
     ) -> FloatArray:
         """sum over the user's known l of w_l b_{j_l}: (p, D), with the sum of b_{j_l} alone as row p when
         `with_total`. The same-user term of a query (user, j) is lambda_u b_j . (row u), a read like the
@@ -733,7 +827,7 @@ class Lines:
 
     def messages(
         self,
-        weights: FloatArray,
+        weights: Distributions,
         a: FloatArray,
         b: FloatArray,
         rows: IntArray,
@@ -835,16 +929,17 @@ class KnownField:
     g: (p, D, D) per-level aggregates of the known entries' compatibility-transformed distributions;
     h: (D, D) aggregate of ones (the normaliser); scale: the constant factor of the `scaled` mode;
     t: (N, p) the known entries' compatibility-transformed distributions, needed by the same-user and
-    same-item terms (None when the kernel has none); interp: set when the compatibility lets three levels'
-    G determine the others (`LevelInterpolation`), so a query reads only g_anchors; columns: t in item
-    order, for the column terms' one-user pass (`with_columns`).
+    same-item terms (None when the kernel has none; `ClampedRows` for entries clamped to their labels);
+    interp: set when the compatibility lets three levels' G determine the others (`LevelInterpolation`),
+    so a query reads only g_anchors; columns: t in item order, for the column terms' one-user pass
+    (`with_columns`).
     """
 
     g: np.ndarray
     h: np.ndarray
     scaling: str
     scale: float
-    t: np.ndarray | None = None
+    t: Distributions | None = None
     interp: LevelInterpolation | None = None
     columns: ColumnMajor | None = None
     g_anchors: np.ndarray | None = field(init=False, default=None, repr=False)
@@ -912,7 +1007,7 @@ def scaled_messages(
     rows: np.ndarray,
     cols: np.ndarray,
     lines: Lines | None = None,
-    t: np.ndarray | None = None,
+    t: Distributions | None = None,
     interp: LevelInterpolation | None = None,
     columns: ColumnMajor | None = None,
 ) -> np.ndarray:
@@ -935,7 +1030,7 @@ def _messages(
     rows: np.ndarray,
     cols: np.ndarray,
     lines: Lines | None = None,
-    t: np.ndarray | None = None,
+    t: Distributions | None = None,
     interp: LevelInterpolation | None = None,
     columns: ColumnMajor | None = None,
     probe: FloatArray | None = None,
@@ -1031,7 +1126,9 @@ def known_field(
             msg = scaled_messages(g, h, scaling, scale, a, b, known_rows, known_cols, lines, t)
             q = softmax(unary - gamma * msg)
     t = q @ compat.T
-    keep = t if lines is not None and lines.active else None
+    keep: Distributions | None = None
+    if lines is not None and lines.active:
+        keep = ClampedRows(known_labels, compat) if known == "clamped" else t
     interp = LevelInterpolation.of(compat)
     field = KnownField(g=graph.aggregate(t), h=h, scaling=scaling, scale=scale, t=keep, interp=interp)
     if known == "clamped":
@@ -1316,13 +1413,15 @@ class ExactScorer:
         if clamped and parts is not None and self.lines is not None and self.lines.column_terms:
             matrix = parts.label_matrix(len(self.compat))
         by_label = (labels, self.compat, matrix) if clamped else (None, None, None)
-        if stored is not None and stored_key == self.key and (stored.t is not None) == needs_t:
+        # Clamped entries' t follows from their labels (`ClampedRows`): never stored, never an array.
+        clamped_t = ClampedRows(labels, self.compat) if clamped and needs_t else None
+        if matches and stored is not None and (clamped or (stored.t is not None) == needs_t):
             self.field = KnownField(
                 g=stored.g,
                 h=stored.h,
                 scaling=kernel.scaling,
                 scale=scale,
-                t=stored.t,
+                t=clamped_t if clamped else stored.t,
                 interp=LevelInterpolation.of(self.compat),
             ).with_columns(self.lines, *by_label)
             self.field_source = "artifact"
@@ -1333,7 +1432,7 @@ class ExactScorer:
                 h=h,
                 scaling=kernel.scaling,
                 scale=scale,
-                t=self.compat[parts.labels] if needs_t else None,
+                t=clamped_t,
                 interp=LevelInterpolation.of(self.compat),
             ).with_columns(self.lines, *by_label)
             self.field_source = "parts"
@@ -1402,7 +1501,7 @@ class ExactScorer:
             new_g, new_h = new._terms(users, items)
             lines_on = new.lines is not None and new.lines.active
             labels = nearest_level(known.values, network.levels)
-            t_all = self.compat[labels] if lines_on else None
+            t_all = ClampedRows(labels, self.compat) if lines_on else None
             columns = (
                 ColumnMajor.clamped(known, labels, self.compat)
                 if new.lines is not None and new.lines.column_terms
@@ -1482,6 +1581,13 @@ class ExactScorer:
             known.cols, known.rows, known.values, net.n_items, net.n_users,
             k.co_rating_power, k.co_rating_shrink, what="users",
         )  # fmt: skip
+
+    def save(self, directory: Path) -> None:
+        """Write this scorer's field into an artifact directory (`model.artifact.save_known_field`), with
+        its sparse co-rating tables; t only where it is an array (clamped entries' follows from labels)."""
+        f = self.field
+        t = f.t if isinstance(f.t, np.ndarray) else None
+        save_known_field(directory, self.key.to_json(), f.g, f.h, t, self.sparse_tables())
 
     def sparse_tables(self) -> dict[str, tuple[IntArray, IntArray, FloatArray]]:
         """The scorer's sparse co-rating tables as CSR arrays (indptr, indices, data), to be stored with

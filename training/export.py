@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.artifact import HELD_OUT, artifact_writer, save_known_field
+from model.artifact import HELD_OUT, artifact_writer
 from model.config import InferenceConfig, ModelConfig
 from model.engine import Network, OnnxNetwork
 from model.exact import ExactScorer
@@ -117,8 +117,7 @@ def write_known_field(
     ratings = Ratings(known.rows, known.cols, known.values, cfg.n_users, cfg.n_items)
     scorer = build_scorer(network, ratings, inference)
     if isinstance(scorer, ExactScorer):
-        field = scorer.field
-        save_known_field(directory, scorer.key.to_json(), field.g, field.h, field.t, scorer.sparse_tables())
+        scorer.save(directory)
 
 
 def write_artifact(

@@ -41,11 +41,10 @@ from model.artifact import (
     artifact_writer,
     is_known_field_file,
     load_artifact,
-    save_known_field,
 )
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
 from model.engine import expected_rating
-from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_pairs
+from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_cost
 from model.ratings import Ratings
 from model.scorers import build_scorer, load_network
 
@@ -89,7 +88,7 @@ def unaffordable(known: Ratings) -> dict[str, int]:
     """The co-rating terms left off for these known ratings, with the co-rated pairs their sparse table
     would cost (`model.exact.co_rating_affordable`: above its GRAM_PAIR_BUDGET): {setting: pairs}."""
     tables = TABLES.items()
-    return {term: gram_pairs(known, what) for what, term in tables if not co_rating_affordable(known, what)}
+    return {term: gram_cost(known, what) for what, term in tables if not co_rating_affordable(known, what)}
 
 
 def start_point(off: frozenset[str] | set[str] = frozenset()) -> dict[str, float]:
@@ -332,8 +331,7 @@ def write_tuning(directory: str | Path, tuning: Tuning) -> Path:
             network = load_network(artifact)
             scorer = build_scorer(network, artifact.known(), tuning.chosen)
             assert isinstance(scorer, ExactScorer)
-            f = scorer.field
-            save_known_field(tmp, scorer.key.to_json(), f.g, f.h, f.t, scorer.sparse_tables())
+            scorer.save(tmp)
     return directory
 
 

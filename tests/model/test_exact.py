@@ -287,6 +287,7 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     users = exact.co_rating_affinity(cols, rows, values, 30, 40, 2.0, 5.0, what="users")
     assert isinstance(dense, exact.DenseAffinity)
     monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)  # the sparse product, not dense products
     monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 40)
     monkeypatch.setattr(exact, "GRAM_CHUNK_PAIRS", 50)  # many chunks
     sparse = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
@@ -318,12 +319,66 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     )
 
 
+def test_the_gram_of_dense_products_keeps_what_the_sparse_product_keeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Up to GRAM_BLAS_LINES lines, a sparse table whose dense products cost less than its co-rated pairs
+    # is built from float32 syrk products of dense chunks of rows: the same pairs, to float32 precision.
+    rng = np.random.default_rng(7)
+    rows, cols = np.nonzero(rng.random((50, 40)) < 0.3)
+    values = rng.normal(3.0, 1.0, len(rows))  # no ties among the scores
+    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact, "PRODUCT_CHUNK_CELLS", 7 * 40)  # chunks of 7 rows
+    for neighbours in (40, 3):
+        monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", neighbours)
+        monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
+        sparse = exact.co_rating_affinity(rows, cols, values, 50, 40, 1.5, 5.0)
+        users = exact.co_rating_affinity(cols, rows, values, 40, 50, 1.5, 5.0, what="users")
+        monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 100)
+
+        def refused(*args: object) -> None:
+            raise AssertionError("the sparse product ran")
+
+        with monkeypatch.context() as m:
+            m.setattr(exact.CoRatingGram, "_sparse", classmethod(refused))
+            products = exact.co_rating_affinity(rows, cols, values, 50, 40, 1.5, 5.0)
+            products_users = exact.co_rating_affinity(cols, rows, values, 40, 50, 1.5, 5.0, what="users")
+        assert isinstance(products, exact.SparseAffinity)
+        for got, want in ((products, sparse), (products_users, users)):
+            table = got.toarray()
+            np.testing.assert_array_equal(table > 0, want.toarray() > 0)  # the same pairs kept
+            np.testing.assert_allclose(table, want.toarray(), atol=1e-6)
+            np.testing.assert_array_equal(table, table.T)
+
+
+def test_a_grams_cost_is_the_cheaper_of_its_pairs_and_its_dense_products(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(0)
+    known = Ratings(rng.integers(0, 40, 900), rng.integers(0, 70, 900), rng.integers(1, 6, 900), 40, 70)
+    counts = np.bincount(known.rows).astype(np.float64)
+    pairs = int(counts @ counts)
+    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
+    assert exact.gram_cost(known, "items") == pairs
+    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 70)
+    monkeypatch.setattr(exact, "PRODUCT_UNITS_PER_PAIR", 1)
+    assert exact.gram_cost(known, "items") == pairs  # 2 x 40 x 70^2 units: dearer than the pairs
+    monkeypatch.setattr(exact, "PRODUCT_UNITS_PER_PAIR", 1000)
+    assert exact.gram_cost(known, "items") == 2 * 40 * 70 * 70 // 1000
+    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)
+    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", 2 * 40 * 70 * 70 // 1000)
+    assert exact.co_rating_affordable(known, "items")
+    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 69)
+    assert not exact.co_rating_affordable(known, "items")
+
+
 def test_a_sparse_table_keeps_each_lines_strongest_neighbours_and_stays_symmetric(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rows, cols, values = _ratings(60, 40, 0.4, 4)
     full = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
     monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
     monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 3)
     cut = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
     np.testing.assert_array_equal(cut, cut.T)

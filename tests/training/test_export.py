@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from model.artifact import KNOWN_FIELD, ArtifactError, _load_known_field, load_artifact, save_known_field
-from model.engine import Network, OnnxNetwork, expected_rating, label_probabilities
-from model.exact import ExactScorer, FieldKey
+from model.engine import Network, OnnxNetwork, expected_rating, label_probabilities, nearest_level
+from model.exact import ClampedRows, ExactScorer, FieldKey
 from model.network import DCMC
 from model.scorers import artifact_scorer, build_scorer, load_network, predict_distributions
 from training.data import load_dataset
@@ -169,6 +169,41 @@ def test_a_stored_field_missing_the_line_terms_distributions_is_refused_or_recom
     assert served.field_source == "computed"
     rows, cols = art.train.rows[:5], (art.train.cols[:5] + 1) % art.config.n_items
     predict_distributions(network, served, rows, cols)
+
+
+def test_a_clamped_field_stores_no_distributions_and_serves_from_its_labels(
+    tiny_artifact: Path, tmp_path: Path
+) -> None:
+    # Clamped known entries' t = C[labels] follows from the ratings: the artifact does not store the
+    # (N, p) array, nor does a scorer hold one (640 MB per worker on ml-10m), and the answers are the same.
+    art = load_artifact(tiny_artifact)
+    cfg = art.inference.with_overrides(
+        {"mode": "exact", "kernel.known": "clamped", "kernel.same_user": 2.0, "kernel.same_item": 0.5}
+    )
+    network, known = load_network(art), art.known()
+    scorer = _exact_scorer(network, known, cfg)
+    assert isinstance(scorer.field.t, ClampedRows) and scorer.field.t.shape == (len(known), 5)
+    labels = nearest_level(known.values, network.levels)
+    np.testing.assert_array_equal(scorer.field.t[np.arange(len(known))], scorer.compat[labels])
+    scorer.save(tmp_path)
+    with np.load(tmp_path / KNOWN_FIELD) as z:
+        assert sorted(z.files) == ["g", "h"]
+    loaded = _load_known_field(tmp_path, art.config, len(known))
+    served = _exact_scorer(network, known, cfg, loaded)
+    assert served.field_source == "artifact" and isinstance(served.field.t, ClampedRows)
+    # An artifact written before this stored t: it is not read.
+    np.savez(tmp_path / KNOWN_FIELD, g=scorer.field.g, h=scorer.field.h, t=scorer.compat[labels])
+    older = _load_known_field(tmp_path, art.config, len(known))
+    assert older is not None and older.t is None
+    assert _exact_scorer(network, known, cfg, older).field_source == "artifact"
+    rows = np.concatenate([art.train.rows[:6], np.full(art.config.n_items, 2)])  # many users, one's catalogue
+    cols = np.concatenate([(art.train.cols[:6] + 1) % art.config.n_items, np.arange(art.config.n_items)])
+    for q_rows, q_cols in ((rows[:6], cols[:6]), (rows[6:], cols[6:])):
+        np.testing.assert_allclose(
+            predict_distributions(network, served, q_rows, q_cols),
+            predict_distributions(network, scorer, q_rows, q_cols),
+            rtol=1e-12,
+        )
 
 
 def test_held_out_ratings_are_known_at_test_time_but_not_when_scored(

@@ -203,7 +203,7 @@ def test_a_co_rating_table_over_the_pair_budget_is_left_out_of_the_search(
     monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)
     monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 5)
     artifact = load_artifact(tuned[0])
-    items, users = exact.gram_pairs(artifact.train, "items"), exact.gram_pairs(artifact.train, "users")
+    items, users = exact.gram_cost(artifact.train, "items"), exact.gram_cost(artifact.train, "users")
     assert items < users  # 80 users x 60 items: an item is rated by more users than a user rates items
     monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", (items + users) // 2)
     built: list[str] = []
@@ -233,7 +233,7 @@ def test_the_untuned_start_leaves_a_costly_term_off(monkeypatch: pytest.MonkeyPa
     levels = np.arange(1.0, 6.0)
     assert start_inference(levels, 40, 70, known).kernel.co_rating > 0
     monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)  # the item table (70 lines) is now sparse
-    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", exact.gram_pairs(known, "items") - 1)
+    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", exact.gram_cost(known, "items") - 1)
     inference = start_inference(levels, 40, 70, known)
     assert inference.kernel.co_rating == 0 and inference.kernel.co_rating_user > 0
     assert start_inference(levels, 40, 70).kernel.co_rating > 0  # without the ratings: START as it is
