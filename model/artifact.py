@@ -149,6 +149,17 @@ def verify(directory: Path) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class StoredBiases:
+    """The bias baseline's fit to the known ratings (`model.exact.bias_baseline`) and its penalties."""
+
+    user_shrink: float
+    item_shrink: float
+    mu: float
+    users: np.ndarray  # (n,) float64
+    items: np.ndarray  # (m,) float64
+
+
+@dataclass(frozen=True)
 class StoredField:
     """A known field as the artifact stores it: the settings it was computed for and its arrays."""
 
@@ -159,6 +170,9 @@ class StoredField:
     tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     """The sparse co-rating tables ("items", "users") the field was computed with, as CSR (indptr,
     indices, data): what would take minutes to rebuild at every start-up on a large catalogue."""
+    biases: StoredBiases | None = None
+    """The bias baseline of the chosen output, fitted to the same known ratings (otherwise refitted at
+    every start-up: alternating sweeps over all of them)."""
 
 
 @dataclass
@@ -219,10 +233,19 @@ def save_known_field(
     h: np.ndarray,
     t: np.ndarray | None,
     tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+    biases: StoredBiases | None = None,
 ) -> None:
     """Write a known field (plain arrays, no pickles), its sparse co-rating tables if any (one .npy file
-    per CSR array, to be memory-mapped), and, as JSON, the settings it belongs to."""
+    per CSR array, to be memory-mapped), the bias baseline's fit if any, and, as JSON, the settings the
+    field belongs to."""
     arrays = {"g": g, "h": h} if t is None else {"g": g, "h": h, "t": t}
+    if biases is not None:
+        arrays.update(
+            bias_shrink=np.array([biases.user_shrink, biases.item_shrink]),
+            bias_mu=np.array([biases.mu]),
+            bias_users=biases.users,
+            bias_items=biases.items,
+        )
     np.savez(directory / KNOWN_FIELD, **arrays)  # type: ignore[arg-type]
     for what, csr in (tables or {}).items():
         for (part, dtype), array in zip(TABLE_PARTS, csr, strict=True):
@@ -243,6 +266,14 @@ def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> Sto
         # A field of clamped entries never reads a stored t (it follows from the labels; artifacts written
         # before that hold one): not read, not held.
         t = z["t"].astype(np.float64) if "t" in z.files and key.get("known") != "clamped" else None
+        biases = None
+        if "bias_users" in z.files:
+            (user_shrink, item_shrink), users, items = z["bias_shrink"], z["bias_users"], z["bias_items"]
+            if users.shape != (config.n_users,) or items.shape != (config.n_items,):
+                raise ValueError(f"known field: biases of {users.shape} users and {items.shape} items")
+            biases = StoredBiases(
+                float(user_shrink), float(item_shrink), float(z["bias_mu"][0]), users, items
+            )
         tables = {
             what: (z[f"{what}_indptr"], z[f"{what}_indices"], z[f"{what}_data"].astype(np.float32))
             for what in ("items", "users")
@@ -262,7 +293,7 @@ def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> Sto
         raise ValueError(f"known field shapes {g.shape}, {h.shape} do not match the model")
     if t is not None and t.shape != (n_known, config.n_levels):
         raise ValueError(f"known field: t has shape {t.shape}, the ratings hold {n_known} known entries")
-    return StoredField(key=key, g=g, h=h, t=t, tables=tables)
+    return StoredField(key=key, g=g, h=h, t=t, tables=tables, biases=biases)
 
 
 def read_config(directory: str | Path) -> tuple[ModelConfig, InferenceConfig]:

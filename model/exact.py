@@ -65,7 +65,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import blas
 
-from model.artifact import StoredField, save_known_field
+from model.artifact import StoredBiases, StoredField, save_known_field
 from model.config import Crf, KernelSettings, OutputSettings
 from model.engine import (
     Network,
@@ -101,7 +101,7 @@ GRAM_BLAS_LINES = 16384
 """Up to this many lines a sparse table's gram may instead be built from dense products of the pivot
 lines, chunk by chunk (`CoRatingGram._products`: two float32 m x m accumulators, 2 GB at this size), which
 costs n m^2 whatever the density: on a dense matrix far less than its co-rated pairs (the synthetic
-ml-10m's item table: 4.3 G pairs, 13 min here; 8.0 T n m^2, under 3 min)."""
+ml-10m's item table: 4.3 G pairs, about 14 minutes at the sparse product's rate; as products 209 s)."""
 
 PRODUCT_UNITS_PER_PAIR = 20_000
 """What one co-rated pair of the sparse gram costs in n m^2 units of the dense products' time, measured
@@ -1440,8 +1440,13 @@ class ExactScorer:
             self.field = self._known_field(scale)
             self.field_source = "computed"
         self.biases: tuple[float, FloatArray, FloatArray] | None = None
+        same_known = stored_key is not None and stored_key.n_known == len(known)
+        kept = stored.biases if stored is not None and same_known else None
+        penalties = (output.baseline_user_shrink, output.baseline_item_shrink)
         if output.baseline > 0 and parts is not None:
-            self.biases = parts.biases(output.baseline_user_shrink, output.baseline_item_shrink)
+            self.biases = parts.biases(*penalties)
+        elif output.baseline > 0 and kept is not None and (kept.user_shrink, kept.item_shrink) == penalties:
+            self.biases = (kept.mu, kept.users, kept.items)  # the artifact's fit to these ratings
         elif output.baseline > 0:
             self.biases = bias_baseline(
                 known.rows,
@@ -1584,10 +1589,16 @@ class ExactScorer:
 
     def save(self, directory: Path) -> None:
         """Write this scorer's field into an artifact directory (`model.artifact.save_known_field`), with
-        its sparse co-rating tables; t only where it is an array (clamped entries' follows from labels)."""
+        its sparse co-rating tables and its bias baseline's fit; t only where it is an array (clamped
+        entries' follows from their labels)."""
         f = self.field
         t = f.t if isinstance(f.t, np.ndarray) else None
-        save_known_field(directory, self.key.to_json(), f.g, f.h, t, self.sparse_tables())
+        biases = None
+        if self.biases is not None:
+            mu, users, items = self.biases
+            shrink = (self.output.baseline_user_shrink, self.output.baseline_item_shrink)
+            biases = StoredBiases(*shrink, mu, users, items)
+        save_known_field(directory, self.key.to_json(), f.g, f.h, t, self.sparse_tables(), biases)
 
     def sparse_tables(self) -> dict[str, tuple[IntArray, IntArray, FloatArray]]:
         """The scorer's sparse co-rating tables as CSR arrays (indptr, indices, data), to be stored with

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from model import engine, exact
-from model.artifact import StoredField
+from model.artifact import StoredField, _load_known_field
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.engine import Network
 from model.ratings import Ratings
@@ -108,6 +109,37 @@ def test_exact_inference_mixes_the_baseline_into_the_crf_output(weight: float) -
     shared = build_scorer(network, known, mixed, stored)
     assert isinstance(shared, exact.ExactScorer) and shared.field_source == "artifact"
     np.testing.assert_allclose(_predict(network, known, rows, cols, mixed, stored), got, rtol=1e-12)
+
+
+def test_the_artifact_keeps_the_baseline_fit_and_a_worker_reads_it_instead_of_refitting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    network, known = _model(1)
+    rows, cols = np.array([0, 3, 7, 2]), np.array([5, 2, 0, 1])
+    mixed = _exact({"gamma": 1.0}, {"known": "clamped", "same_user": 2.0}, {"baseline": 0.4})
+    mixed = mixed.with_overrides({"output.baseline_user_shrink": 1.5, "output.baseline_item_shrink": 4.0})
+    scorer = build_scorer(network, known, mixed)
+    assert isinstance(scorer, exact.ExactScorer) and scorer.biases is not None
+    want = predict_distributions(network, scorer, rows, cols)
+    scorer.save(tmp_path)
+    config = ModelConfig(n_users=8, n_items=6, levels=(1, 2, 3, 4, 5), hidden=(4,))
+    stored = _load_known_field(tmp_path, config, len(known))
+    assert stored is not None and stored.biases is not None
+    assert (stored.biases.user_shrink, stored.biases.item_shrink) == (1.5, 4.0)
+    np.testing.assert_array_equal(stored.biases.users, scorer.biases[1])
+    fits: list[float] = []
+    fit = exact.bias_baseline
+    monkeypatch.setattr(exact, "bias_baseline", lambda *a, **k: fits.append(a[5]) or fit(*a, **k))
+    served = build_scorer(network, known, mixed, stored)
+    assert fits == []  # read, not refitted
+    np.testing.assert_array_equal(predict_distributions(network, served, rows, cols), want)
+    # Other penalties, or other known ratings, are fitted anew.
+    other = mixed.with_overrides({"output.baseline_user_shrink": 3.0})
+    build_scorer(network, known, other, stored)
+    assert fits == [3.0]
+    fewer = Ratings(known.rows[1:], known.cols[1:], known.values[1:], 8, 6)
+    build_scorer(network, fewer, mixed, stored)
+    assert fits == [3.0, 1.5]
 
 
 def test_without_a_weight_the_baseline_changes_nothing() -> None:
