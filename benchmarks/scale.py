@@ -412,7 +412,17 @@ NOTES = """\
   The test split was scored once. Served at
   `b31ff83` (/predict 100 p50 39 ms: the same-item term gathered each column's members' embeddings), at
   `5e87e2c` (9.0 ms; start-up 88 s), at `452eeeb` (9.2 ms; start-up 48 s: the bias baseline fitted
-  once per worker instead of twice) and at `cc049fb` (9.4 ms, 47 s)."""
+  once per worker instead of twice) and at `cc049fb` (9.4 ms, 47 s).
+- ml-10m-synth at `b041842` (14 epochs, learning rate halved every 5, search cut at 900 s; the schedule
+  chosen for this session's time, not on validation): validation RMSE after each epoch 1.023, 0.876,
+  0.841, 0.818, 0.798, 0.779, 0.770, 0.761, 0.752, 0.743, 0.727, 0.716, 0.718, 0.713, still falling.
+  Epochs of 408-477 s (the first, 622 s, ran beside two runs of the unit tests); the same code took
+  305-343 s an epoch at `b31ff83` earlier this evening, so the machine ran slower during this run. The
+  item co-rating table was built from dense products (`CoRatingGram._products`, new at `b041842`) and
+  offered to the search; the user table was left off (68 G pairs). 15 trials in the 900 s (each reads
+  the item term over 500 k validation queries; the first built the table); best validation RMSE 0.6656
+  (the network alone 0.7132), the chosen output mixes 0.90 of the bias baseline in. The test split was
+  scored once."""
 
 
 def _records() -> list[dict[str, Any]]:
