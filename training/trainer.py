@@ -333,6 +333,15 @@ def train(
             )
         history.epochs.append(record)
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items() if k in ("loss", "val_rmse")})
+        if not progress and rank == 0:  # no bar (a log file, a batch job): one line an epoch instead
+            log.info(
+                "epoch %d/%d: loss %.4f, %s%.0f s",
+                epoch + 1,
+                cfg.epochs,
+                record["loss"],
+                f"validation RMSE {record['val_rmse']:.4f}, " if "val_rmse" in record else "",
+                record["seconds"],
+            )
         last = epoch + 1 == cfg.epochs
         if ckpt_path is not None and ((epoch + 1) % cfg.checkpoint_every == 0 or last):
             if rank == 0:

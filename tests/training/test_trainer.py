@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -176,6 +177,20 @@ def test_weight_average_is_published_and_leaves_training_unchanged(
     assert (averaged[weight] - live[weight]).abs().max() > 1e-4
     with pytest.raises(ConfigError, match="ema_decay"):
         replace(train_cfg, ema_decay=1.0)
+
+
+def test_without_a_progress_bar_each_epoch_logs_its_loss_and_validation(
+    synthetic_csv: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg, train_cfg, entries = _tiny_setup(synthetic_csv)
+    val = entries.take(np.arange(40))
+    with caplog.at_level(logging.INFO, logger="training.trainer"):
+        _, _, hist = train(
+            cfg, replace(train_cfg, epochs=3), entries, val, checkpoint_dir=tmp_path, progress=False
+        )
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    assert f"validation RMSE {hist.epochs[-1]['val_rmse']:.4f}" in lines[-1]
 
 
 def test_resume_refuses_a_different_configuration(synthetic_csv: Path, tmp_path: Path) -> None:
