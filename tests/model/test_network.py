@@ -159,3 +159,27 @@ def test_weights_saved_in_the_linear_layout_load_transposed() -> None:
     torch.testing.assert_close(layer.weight, old["weight"].t())
     x = torch.randn(2, 7)
     torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, old["weight"], old["bias"]))
+
+
+@pytest.mark.parametrize(
+    ("n_rows", "n_cols", "k"),
+    [(30, 6, 200), (6, 30, 200), (30, 40, 20)],
+    ids=["through-columns", "through-rows", "paired"],
+)
+def test_block_scores_equal_the_paired_scores_and_their_gradients(n_rows: int, n_cols: int, k: int) -> None:
+    torch.manual_seed(0)
+    model = DCMC(ModelConfig(n_users=5, n_items=4, levels=(1.0, 2.0, 3.0), hidden=(8, 16)))
+    u = torch.randn(n_rows, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(n_cols, 16, dtype=torch.float64, requires_grad=True)
+    bilinear = model.bilinear.detach().double().requires_grad_(True)
+    model.bilinear = torch.nn.Parameter(bilinear)
+    rows, cols = torch.randint(n_rows, (k,)), torch.randint(n_cols, (k,))
+    weights = torch.randn(k, 3, dtype=torch.float64)
+    results = []
+    for scores in (model.scores(u[rows], v[cols]), model.block_scores(u, v, rows, cols)):
+        grads = torch.autograd.grad((scores * weights).sum(), [u, v, model.bilinear])
+        results.append((scores, grads))
+    (paired, paired_grads), (block, block_grads) = results
+    assert torch.allclose(block, paired, atol=1e-12)
+    for a, b in zip(block_grads, paired_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-12)

@@ -17,6 +17,7 @@ import torch
 from model.artifact import load_artifact
 from model.config import ConfigError, ModelConfig
 from model.engine import nearest_level
+from model.network import DCMC
 from training.config import preset
 from training.data import Entries, load_dataset
 from training.evaluate import evaluate
@@ -288,8 +289,6 @@ def test_torchrun_processes_keep_the_same_weights_sparse_ones_included(tmp_path:
 
 def _small_net_and_block(mf_layers: int) -> tuple[torch.nn.Module, RatingMatrix, Block, np.ndarray]:
     """A seeded 16-8 network on a 30 x 20 matrix on 1..5, and the single block that covers the matrix."""
-    from model.network import DCMC
-
     matrix = RatingMatrix(30, 20, _entries())
     levels = np.arange(1.0, 6.0)
     cfg = ModelConfig(
@@ -453,3 +452,20 @@ def test_on_a_dense_matrix_the_csv_presets_blocks_are_capped_at_equal_chunks() -
     row_chunks, col_chunks = math.ceil(69_878 / rows), math.ceil(10_677 / cols)
     assert row_chunks == col_chunks == BLOCK_CHUNKS
     assert sized_blocks(128, 256, 40_163, 139_738, 498_618) == (2401, 4801)  # Epinions: under the cap
+
+
+def test_base_predictions_in_chunks_equal_the_paired_expected_ratings() -> None:
+    from training.trainer import base_predictions
+
+    torch.manual_seed(0)
+    model = DCMC(ModelConfig(n_users=30, n_items=20, levels=(1.0, 2.0, 3.0, 4.0), hidden=(8, 6)))
+    entries = _entries()
+    rng = np.random.default_rng(0)
+    users = rng.normal(size=(30, 6)).astype(np.float32)
+    items = rng.normal(size=(20, 6)).astype(np.float32)
+    u, v = torch.from_numpy(users[entries.rows]), torch.from_numpy(items[entries.cols])
+    expected = (torch.softmax(model.scores(u, v), dim=-1) @ model.levels).detach().numpy()
+    for chunk in (7, 100, 10_000):  # chunks under and over the item count (paired, through the columns)
+        got = base_predictions(model, users, items, entries, chunk=chunk)
+        assert got.shape == (len(entries),)
+        assert np.allclose(got, expected, atol=1e-5)
