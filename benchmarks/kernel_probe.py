@@ -32,10 +32,10 @@ from model.artifact import load_artifact  # noqa: E402
 from model.engine import (  # noqa: E402
     compatibility_matrix,
     expected_rating,
+    lift,
     nearest_level,
     softmax,
 )
-from model.exact import lift  # noqa: E402
 from model.scorers import load_network  # noqa: E402
 from training.data import load_dataset  # noqa: E402
 from training.evaluate import held_out, map_entries  # noqa: E402

@@ -60,6 +60,18 @@ def normalize_rows(x: FloatArray) -> FloatArray:
     return out
 
 
+def lift(unit: FloatArray) -> FloatArray:
+    """a = [1, u] / sqrt(2) for unit rows u, so that a . a' = (1 + u . u') / 2: (n, d) -> (n, d + 1)."""
+    out: FloatArray = np.hstack([np.ones((len(unit), 1)), unit]) / np.sqrt(2.0)
+    return out
+
+
+def unlift(lifted: FloatArray) -> FloatArray:
+    """The unit rows u of lifted rows a = [1, u] / sqrt(2): (n, d + 1) -> (n, d)."""
+    out: FloatArray = lifted[:, 1:] * np.sqrt(2.0)
+    return out
+
+
 def bilinear_forms(left: FloatArray, mats: FloatArray, rows: IntArray, right: FloatArray) -> FloatArray:
     """out[k, u] = left[rows[k]]^T mats[u] right[k]: (K, p), with left^T mats[u] formed once per distinct
     row. Up to FEW_USERS distinct rows (a request) one matrix product per row, else one batched einsum."""
@@ -164,8 +176,10 @@ class Network:
 
     Float32 embeddings (an artifact's read-only maps, which the workers of a machine share) are kept as they
     are, not copied to float64: every product reads them cast to float64 (numpy's promotion), the same
-    numbers as a float64 copy would give, since a float32 converts exactly. The unit rows and norms derived
-    from them are float64."""
+    numbers as a float64 copy would give, since a float32 converts exactly. What derives from them is
+    float64 and held once: the lifted unit rows a_i = [1, u_i] / sqrt(2) (a_i . a_i' is the scaled cosine,
+    which the similarities and the exact CRF read) and the item norms; the unit rows themselves are made
+    from the lifted ones where a whole table of them is needed (`user_unit`, `item_unit`)."""
 
     config: ModelConfig
     user_emb: FloatArray  # (n, d) float32 or float64
@@ -175,8 +189,8 @@ class Network:
     """(m, d) float32: the item embeddings that whole-catalogue products read (`catalogue_products`):
     item_emb itself when it is float32, else made from it on first use (`catalogue`)."""
     levels: FloatArray = field(init=False, repr=False)  # (p,)
-    user_unit: FloatArray = field(init=False, repr=False)  # (n, d) unit rows: s_r = (1 + u . u') / 2
-    item_unit: FloatArray = field(init=False, repr=False)  # (m, d)
+    user_lifted: FloatArray = field(init=False, repr=False)  # (n, d + 1): s_r(i, i') = a_i . a_i'
+    item_lifted: FloatArray = field(init=False, repr=False)  # (m, d + 1): s_c(j, j') = b_j . b_j'
     item_norms: FloatArray = field(init=False, repr=False)  # (m,): item_emb = item_norms * item_unit
     catalogue_scale: np.ndarray = field(init=False, repr=False)  # (m,) float32: 1 / (sqrt(2) |e_j|)
 
@@ -188,12 +202,24 @@ class Network:
             object.__setattr__(self, "item_table", self.item_emb)
         object.__setattr__(self, "bilinear", np.asarray(self.bilinear, dtype=np.float64))
         object.__setattr__(self, "levels", np.asarray(self.config.levels, dtype=np.float64))
-        object.__setattr__(self, "user_unit", normalize_rows(np.asarray(self.user_emb, dtype=np.float64)))
+        object.__setattr__(
+            self, "user_lifted", lift(normalize_rows(np.asarray(self.user_emb, dtype=np.float64)))
+        )
         items = np.asarray(self.item_emb, dtype=np.float64)
         norms = np.maximum(np.linalg.norm(items, axis=1), 1e-12)
         object.__setattr__(self, "item_norms", norms)
-        object.__setattr__(self, "item_unit", items / norms[:, None])  # normalize_rows, the same
+        object.__setattr__(self, "item_lifted", lift(items / norms[:, None]))  # normalize_rows, the same
         object.__setattr__(self, "catalogue_scale", np.float32(1.0 / np.sqrt(2.0)) / norms.astype(np.float32))
+
+    @property
+    def user_unit(self) -> FloatArray:
+        """(n, d) unit rows of the user embeddings, made from the lifted rows (a new array each time)."""
+        return unlift(self.user_lifted)
+
+    @property
+    def item_unit(self) -> FloatArray:
+        """(m, d) unit rows of the item embeddings, made from the lifted rows (a new array each time)."""
+        return unlift(self.item_lifted)
 
     @property
     def catalogue(self) -> np.ndarray:
@@ -219,8 +245,8 @@ class Network:
 
     def entry_similarity(self, rows: IntArray, cols: IntArray) -> FloatArray:
         """s(k, l) = s_r(i_k, i_l) s_c(j_k, j_l) with scaled cosines: (K, K)."""
-        u, v = self.user_unit[rows], self.item_unit[cols]
-        out: FloatArray = ((1.0 + u @ u.T) / 2.0) * ((1.0 + v @ v.T) / 2.0)
+        a, b = self.user_lifted[rows], self.item_lifted[cols]
+        out: FloatArray = (a @ a.T) * (b @ b.T)
         return out
 
 

@@ -125,12 +125,6 @@ Products = Callable[[FloatArray, IntArray], FloatArray]
 """(vectors (q, D), cols (K,)) -> b_{cols[k]} . vectors[u]: (K, q), the item rows' read of `_messages`."""
 
 
-def lift(unit: np.ndarray) -> np.ndarray:
-    """a = [1, u] / sqrt(2) for unit rows u, so that a . a' = (1 + u . u') / 2: (n, d) -> (n, d + 1)."""
-    out: FloatArray = np.hstack([np.ones((len(unit), 1)), unit]) / np.sqrt(2.0)
-    return out
-
-
 class FactorizedGraph:
     """A fully connected CRF over the nodes (rows[k], cols[k]) with s(k, l) = (a_i . a_i') (b_j . b_j')."""
 
@@ -1322,8 +1316,7 @@ class ExactParts:
 
     def __init__(self, network: Network, known: Ratings) -> None:
         self.network, self.known = network, known
-        self.user_lifted = lift(network.user_unit)
-        self.item_lifted = lift(network.item_unit)
+        self.user_lifted, self.item_lifted = network.user_lifted, network.item_lifted
         self.labels = nearest_level(known.values, network.levels)
         self._grams: dict[str, CoRatingGram] = {}
         self._per_label: tuple[FloatArray, FloatArray] | None = None
@@ -1394,8 +1387,8 @@ class ExactScorer:
         if parts is not None:
             self.user_lifted, self.item_lifted = parts.user_lifted, parts.item_lifted
         else:
-            self.user_lifted = lift(network.user_unit)  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
-            self.item_lifted = lift(network.item_unit)
+            self.user_lifted = network.user_lifted  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
+            self.item_lifted = network.item_lifted
         self.compat = compatibility_matrix(network.levels, crf.tau)
         counts = np.bincount(known.cols, minlength=network.n_items)
         sums = np.bincount(known.cols, weights=known.values, minlength=network.n_items)
@@ -1475,12 +1468,7 @@ class ExactScorer:
         users = np.asarray(users, dtype=np.int64)
         new = copy.copy(self)
         new.network, new.known, new.parts = network, known, None
-        new.user_lifted = lift(network.user_unit)
-        new.item_lifted = (
-            lift(network.item_unit)
-            if len(items) or network.n_items > self.network.n_items
-            else (self.item_lifted)
-        )
+        new.user_lifted, new.item_lifted = network.user_lifted, network.item_lifted
         new.lines = new._lines(self.lines)
         if new.lines is not None and new.lines.user_affinity is not None and len(users):
             # The changed users' rows of the user table follow their new ratings. The ratings are centred

@@ -82,10 +82,11 @@ def effective_inference(stored: InferenceConfig, settings: Settings) -> Inferenc
     return stored.with_overrides(inference_overrides(settings))
 
 
-def nearest(unit: np.ndarray, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k rows of `unit` other than `row` with the highest scaled cosine (1 + cos) / 2 to it, best
-    first, ties by index (at the cut too): (indices, scores)."""
-    scores = (1.0 + unit @ unit[row]) / 2.0
+def nearest(lifted: np.ndarray, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k rows other than `row` with the highest scaled cosine (1 + cos) / 2 to it, best first, ties
+    by index (at the cut too): (indices, scores). `lifted`: the lifted unit rows [1, u] / sqrt(2), whose
+    products are those scaled cosines (`model.engine.lift`)."""
+    scores = lifted @ lifted[row]
     scores[row] = -np.inf
     k = min(k, len(scores) - 1)
     if k <= 0:
@@ -397,8 +398,8 @@ class Scorer:
 
     def similar_users(self, user: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first."""
-        return nearest(self.fold.state.network.user_unit, user, k)
+        return nearest(self.fold.state.network.user_lifted, user, k)
 
     def similar_items(self, item: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k items with the highest scaled cosine s_c = (1 + cos) / 2 to `item`, best first."""
-        return nearest(self.fold.state.network.item_unit, item, k)
+        return nearest(self.fold.state.network.item_lifted, item, k)

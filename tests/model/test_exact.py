@@ -16,8 +16,8 @@ from model.scorers import build_scorer, predict_distributions
 
 def _graph(seed: int = 0, n: int = 9, m: int = 7, k: int = 25, d: int = 4, p: int = 3):  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(seed)
-    a = exact.lift(engine.normalize_rows(rng.normal(size=(n, d))))
-    b = exact.lift(engine.normalize_rows(rng.normal(size=(m, d))))
+    a = engine.lift(engine.normalize_rows(rng.normal(size=(n, d))))
+    b = engine.lift(engine.normalize_rows(rng.normal(size=(m, d))))
     pairs = rng.choice(n * m, size=k, replace=False)
     rows, cols = pairs // m, pairs % m
     q_prime = rng.random((k, p))
@@ -53,7 +53,7 @@ def _lines(same_user: float, same_item: float, rows, cols, n: int, m: int) -> ex
 def test_lifted_inner_product_is_the_scaled_cosine() -> None:
     rng = np.random.default_rng(3)
     unit = engine.normalize_rows(rng.normal(size=(6, 5)))
-    a = exact.lift(unit)
+    a = engine.lift(unit)
     np.testing.assert_allclose(a @ a.T, (1 + unit @ unit.T) / 2, atol=1e-14)
 
 
@@ -126,7 +126,7 @@ def test_torch_factorised_messages_agree_with_numpy_and_dense() -> None:
     u, v = rng.normal(size=(20, 6)), rng.normal(size=(20, 6))
     q_prime = rng.random((20, 4))
     got = factorized_messages(lift(torch.tensor(u)), lift(torch.tensor(v)), torch.tensor(q_prime)).numpy()
-    a, b = exact.lift(engine.normalize_rows(u)), exact.lift(engine.normalize_rows(v))
+    a, b = engine.lift(engine.normalize_rows(u)), engine.lift(engine.normalize_rows(v))
     k = np.arange(20)
     np.testing.assert_allclose(got, exact.dense_similarity(a, b, k, k) @ q_prime, rtol=1e-10)
     g = exact.FactorizedGraph(a, b, k, k).aggregate(q_prime)
@@ -161,7 +161,7 @@ def test_exact_inference_tau_override_equals_a_dense_clamped_update() -> None:
     values = rng.integers(1, 11, len(rows)).astype(float)
     network, known = _random_network(rng, cfg), Ratings(rows, cols, values, n, m)
     q_rows, q_cols = np.array([0, 3, 5]), np.array([1, 2, 6])
-    a, b = exact.lift(network.user_unit), exact.lift(network.item_unit)
+    a, b = engine.lift(network.user_unit), engine.lift(network.item_unit)
     for tau in (None, 50.0, 1e9):  # 1e9: untruncated, the anchor levels' interpolation
         inference = _exact(scaling="normalized", known="clamped", tau=tau)
         got = _predict(network, known, q_rows, q_cols, inference)
@@ -483,7 +483,7 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     tol = {"rtol": 2e-5, "atol": 1e-7} if catalogue else {"rtol": 1e-10, "atol": 1e-13}
     np.testing.assert_allclose(scorer.predict(q_rows, q_cols), got, **tol)
     a, b, compat = scorer.user_lifted, scorer.item_lifted, scorer.compat
-    np.testing.assert_allclose(a, exact.lift(network.user_unit))
+    np.testing.assert_allclose(a, engine.lift(network.user_unit))
     np.testing.assert_array_equal(compat, engine.compatibility_matrix(levels, cfg.tau))
     q, shrink = inference.kernel.co_rating_power, inference.kernel.co_rating_shrink
     w = _adjusted_cosine(rows, cols, values, n, m, q, shrink)
@@ -528,7 +528,7 @@ def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(
     monkeypatch.setattr(exact, "LINE_BLAS_SPEEDUP", 1 if way == "pairs" else 10**12)
     rng = np.random.default_rng(12)
     n, m, d = 5, 60, 4
-    table = exact.lift(engine.normalize_rows(rng.normal(size=(m, d))))
+    table = engine.lift(engine.normalize_rows(rng.normal(size=(m, d))))
     rows = np.repeat(np.arange(n), [30, 0, 12, 5, 13])
     cols = np.concatenate([rng.choice(m, c, replace=False) for c in (30, 0, 12, 5, 13)])
     weights = rng.random((len(rows), 3))
@@ -556,7 +556,7 @@ def test_per_level_reads_agree_user_by_user_and_batched(n_users: int) -> None:
         engine.softmax(scores),
         rtol=1e-12,
     )
-    a, b = exact.lift(engine.normalize_rows(user_emb)), exact.lift(engine.normalize_rows(item_emb))
+    a, b = engine.lift(engine.normalize_rows(user_emb)), engine.lift(engine.normalize_rows(item_emb))
     want = np.einsum("ki,uij,kj->ku", a[rows], g, b[cols])
     np.testing.assert_allclose(exact.read_messages(g, a, b, rows, cols), want, rtol=1e-12, atol=1e-12)
     few = slice(0, 5)

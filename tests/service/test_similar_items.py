@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from model.artifact import load_artifact
+from model.engine import lift
 from service.schemas import MAX_ID_LENGTH
 from service.scoring import nearest
 from tests.service.conftest import App
@@ -47,6 +48,7 @@ def test_k_defaults_to_ten(api: App) -> None:
 def test_ties_go_by_index_at_the_cut_too() -> None:
     # rows 1, 2, 4 and 5 are the same direction: equally similar to row 0
     unit = np.array([[1.0, 0.0], [0.6, 0.8], [0.6, 0.8], [0.0, -1.0], [0.6, 0.8], [0.6, 0.8], [1.0, 0.0]])
+    unit = lift(unit)
     idx, scores = nearest(unit, 0, 3)
     assert idx.tolist() == [6, 1, 2]
     np.testing.assert_allclose(scores, [1.0, 0.8, 0.8])
