@@ -422,7 +422,20 @@ NOTES = """\
   offered to the search; the user table was left off (68 G pairs). 15 trials in the 900 s (each reads
   the item term over 500 k validation queries; the first built the table); best validation RMSE 0.6656
   (the network alone 0.7132), the chosen output mixes 0.90 of the bias baseline in. The test split was
-  scored once."""
+  scored once.
+- Larger blocks on ml-10m, tried on validation only (`dcmc train --dataset csv --data-dir ... --split random
+  --epochs 4 --set lr_halve_every=5 --set block_rows=5824 --set block_cols=890 --no-tune`, at `779a864`):
+  12 x 12 chunks, 144 steps an epoch of 197-227 s (development work beside it, so upper bounds), validation
+  RMSE 1.052, 1.017, 1.020, 1.006 after epochs 1-4, against 1.023, 0.876, 0.841, 0.818 with the 24 x 24
+  chunks at `b041842` (epochs of 408-477 s). Per second of training the larger, fewer steps lose:
+  `BLOCK_CHUNKS` stays 24.
+- `2ed575b` computes a dense block's decoder through its smaller side (`DCMC.block_scores`: B^u v_j once
+  per column, then one (p, d) x d product per entry, instead of p d^2 per entry). Against `779a864`,
+  alternating, nothing else running: ml-10m's first 60 steps (`scale.py _steps --max-steps 60`) 0.692 and
+  0.668 s per step before, 0.644 and 0.601 after; ML-100K u1 (`dcmc train --dataset ml-100k --split u1
+  --no-tune`, 100 epochs) validation RMSE 0.8825 and 0.8824 before, 0.8810 and 0.8826 after (the same
+  code differs by that much from run to run: its thread pools do not sum in a fixed order), median epoch
+  1.33 and 1.33 s before, 1.03 and 1.16 s after."""
 
 
 def _records() -> list[dict[str, Any]]:
