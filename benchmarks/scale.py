@@ -435,7 +435,18 @@ NOTES = """\
   0.668 s per step before, 0.644 and 0.601 after; ML-100K u1 (`dcmc train --dataset ml-100k --split u1
   --no-tune`, 100 epochs) validation RMSE 0.8825 and 0.8824 before, 0.8810 and 0.8826 after (the same
   code differs by that much from run to run: its thread pools do not sum in a fixed order), median epoch
-  1.33 and 1.33 s before, 1.03 and 1.16 s after."""
+  1.33 and 1.33 s before, 1.03 and 1.16 s after.
+- epinions-synth retrained and served at `9219339` (2026-11-28's machine, slower than the previous day's:
+  ML-100K's epochs with the same training code took 1.33 s there against 0.9 s). Epochs 1-2 (158 and
+  153 s) ran beside a one-thread probe (`benchmarks/refine_probe.py` on ML-100K, about three minutes),
+  epochs 3-10 alone (102-108 s). The test split was scored once (0.6971, as at `0db87c5`). After the serve
+  record the same artifact was served four more times, alternating the code before that day's serving
+  change (`779a864`, the unit rows held beside the lifted ones) with `9219339`; those four records were
+  lost from this file (a checkout of the file while uncommitted), their figures: `779a864` 1,034 / 1,291
+  MB RSS at rest / after, /predict 100 p50 2.65 ms, /recommend p50 56.9 ms, then 989-1,034 / 1,289 MB,
+  1.72 ms, 52.8 ms; `9219339` 856-858 / 1,115 MB, 1.81 ms, 53.9 ms, then 858-1,027 / 1,113 MB, 1.75 ms,
+  53.0 ms. /recommend misses its 50 ms target on this machine with either code; the previous artifact
+  (settings not kept) answered in 36 ms on the previous day's machine."""
 
 
 def _records() -> list[dict[str, Any]]:
