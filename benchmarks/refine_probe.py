@@ -69,7 +69,7 @@ def refine(
         opt.zero_grad()
         total = prior * ((x - x0) ** 2).sum()
         total.backward()
-        value = float(total)
+        value = float(total.detach())
         for s in range(0, len(mine_t), chunk):
             m, t, y = mine_t[s : s + chunk], theirs_t[s : s + chunk], labels_t[s : s + chunk]
             scores = torch.bmm(sides[t], x[m].unsqueeze(2)).squeeze(2)  # (K, p)
