@@ -75,7 +75,7 @@ def refine(
             scores = torch.bmm(sides[t], x[m].unsqueeze(2)).squeeze(2)  # (K, p)
             loss = torch.nn.functional.cross_entropy(scores, y, reduction="sum")
             loss.backward()
-            value += float(loss)
+            value += float(loss.detach())
         return torch.tensor(value)
 
     t0 = time.perf_counter()
@@ -126,46 +126,30 @@ def main(argv: list[str] | None = None) -> int:
     base = {"stage": "network", "val_rmse": score(users0, items0), "val_n": len(val), "train_n": len(train)}
     print(json.dumps(base), flush=True)
     for prior in args.priors:
-        users, items = users0, items0
+        tables = {"users": users0, "items": items0}
         for r in range(args.rounds):
-            users, info = refine(
-                users,
-                users0,
-                items,
-                bilinear,
-                train.rows,
-                train.cols,
-                labels,
-                prior,
-                args.iters,
-                args.chunk,
-                False,
-            )
-            print(
-                json.dumps(
-                    {"stage": f"users {r + 1}", "prior": prior, "val_rmse": score(users, items), **info}
-                ),
-                flush=True,
-            )
-            items, info = refine(
-                items,
-                items0,
-                users,
-                bilinear,
-                train.cols,
-                train.rows,
-                labels,
-                prior,
-                args.iters,
-                args.chunk,
-                True,
-            )
-            print(
-                json.dumps(
-                    {"stage": f"items {r + 1}", "prior": prior, "val_rmse": score(users, items), **info}
-                ),
-                flush=True,
-            )
+            for side, other, mine, theirs, start in (
+                ("users", "items", train.rows, train.cols, users0),
+                ("items", "users", train.cols, train.rows, items0),
+            ):
+                tables[side], info = refine(
+                    tables[side],
+                    start,
+                    tables[other],
+                    bilinear,
+                    mine,
+                    theirs,
+                    labels,
+                    prior,
+                    args.iters,
+                    args.chunk,
+                    transpose=side == "items",
+                )
+                rmse = score(tables["users"], tables["items"])
+                print(
+                    json.dumps({"stage": f"{side} {r + 1}", "prior": prior, "val_rmse": rmse, **info}),
+                    flush=True,
+                )
     return 0
 
 
