@@ -65,6 +65,7 @@ def draw_partitions(network: Network, known: Ratings, settings: PaperSettings) -
     sr, sc = settings.subset_rows, settings.subset_cols
     n_col_groups = -(-m // sc)
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("rg", "cg", "rl", "cl", "ko", "ks", "rgm", "cgm")}
+    user_unit, item_unit = network.user_unit, network.item_unit  # made from the lifted rows, once
     for _ in range(settings.repeats):
         row_perm, col_perm = rng.permutation(n), rng.permutation(m)
         rank_r, rank_c = np.empty(n, dtype=np.int64), np.empty(m, dtype=np.int64)
@@ -78,8 +79,8 @@ def draw_partitions(network: Network, known: Ratings, settings: PaperSettings) -
         parts["cl"].append(rank_c % sc)
         parts["ko"].append(order)
         parts["ks"].append(known_block[order])
-        parts["rgm"].append(_group_grams(network.user_unit, row_perm, sr))
-        parts["cgm"].append(_group_grams(network.item_unit, col_perm, sc))
+        parts["rgm"].append(_group_grams(user_unit, row_perm, sr))
+        parts["cgm"].append(_group_grams(item_unit, col_perm, sc))
     stack = {k: np.stack(v) for k, v in parts.items()}
     return Partitions(
         subset_rows=sr,
