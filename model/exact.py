@@ -1041,24 +1041,27 @@ def _messages(
     # queries' item embeddings for all of them (a whole-catalogue query reads the item table once).
     stacked = np.concatenate([g, h[None]]) if normalized else g
     row = one_row(rows)
-    own: FloatArray | None = None
+    own = False  # whether the same-user term was read with the field
     probed: FloatArray | None = None
     if row is not None:
-        user = (
-            lines.same_user * lines.user_sums(row, t, b, normalized)
-            if lines is not None and lines.same_user > 0 and t is not None
-            else None
-        )
-        parts = [np.matmul(a[row], stacked), *(x for x in (user, probe) if x is not None)]
+        vectors = np.matmul(a[row], stacked)  # (levels [+ total], D): forms[k] = b_{cols[k]} . vectors
+        if lines is not None and lines.same_user > 0 and t is not None:
+            # The same-user term is b_j . (lambda_u sum over the user's l of t_l b_{j_l}): read as part
+            # of the field's vectors, it costs no column of its own. Under `interp` its levels follow
+            # from the anchors' like the field's do (t is quadratic in L_u alike).
+            sums = lines.user_sums(row, t, b, normalized)  # (p [+ total], D)
+            if interp is not None:
+                sums = np.concatenate([sums[interp.anchors], sums[len(interp.weights) :]])
+            vectors = vectors + lines.same_user * sums
+            own = True
+        parts = [vectors] if probe is None else [vectors, probe]
         read = (
             products(np.vstack(parts), cols)
             if products is not None
             else row_products(b, np.vstack(parts), cols)
         )
-        pieces = np.split(read, np.cumsum([len(x) for x in parts])[:-1], axis=1)
-        forms = pieces[0]
-        own = pieces[1] if user is not None else None
-        probed = pieces[-1] if probe is not None else None
+        forms = read[:, : len(vectors)]
+        probed = read[:, len(vectors) :] if probe is not None else None
     else:
         forms = read_messages(stacked, a, b, rows, cols)
     total: FloatArray | None = None
@@ -1069,9 +1072,7 @@ def _messages(
         msg = msg @ interp.weights.T
     line_total: FloatArray | float = 0.0
     if lines is not None and lines.active and t is not None:
-        extra = lines.messages(t, a, b, rows, cols, normalized, columns, same_user=own is None)
-        if own is not None:
-            extra += own
+        extra = lines.messages(t, a, b, rows, cols, normalized, columns, same_user=not own)
         msg = msg + extra[:, : t.shape[1]]
         if normalized:
             line_total = extra[:, -1] + lines.prior_weight

@@ -223,15 +223,19 @@ def test_same_user_and_same_item_terms_equal_the_dense_kernel(scaling: str) -> N
     lines = _lines(2.0, 0.5, rows, cols, 6, 5)
     graph = exact.FactorizedGraph(a, b, rows, cols)
     g, h = graph.aggregate(q_prime), graph.total()
-    q_rows, q_cols = np.array([0, 5, 2, 0, 3]), np.array([1, 4, 3, 2, 4])
-    got = exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols, lines, q_prime)
-    s = _line_kernel(a, b, rows, cols, q_rows, q_cols, 2.0, 0.5)
-    want = s @ q_prime
-    if scaling == "scaled":
-        want = want * 0.3
-    elif scaling == "normalized":
-        want = want / s.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # Several users' queries, and one user's (the same-user term read with the field's vectors).
+    for q_rows, q_cols in [
+        (np.array([0, 5, 2, 0, 3]), np.array([1, 4, 3, 2, 4])),
+        (np.zeros(5, int), np.arange(5)),
+    ]:
+        got = exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols, lines, q_prime)
+        s = _line_kernel(a, b, rows, cols, q_rows, q_cols, 2.0, 0.5)
+        want = s @ q_prime
+        if scaling == "scaled":
+            want = want * 0.3
+        elif scaling == "normalized":
+            want = want / s.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     # Without weights the terms vanish: the model's own kernel.
     off = exact.Lines(0.0, 0.0, lines.known)
     np.testing.assert_allclose(
