@@ -19,7 +19,7 @@ FEW_USERS = 16
 """Up to this many distinct rows, per-row reads go row by row through matrix products."""
 
 
-def _last_axis(x: FloatArray, op: np.ufunc) -> FloatArray:
+def last_axis(x: FloatArray, op: np.ufunc) -> FloatArray:
     """op reduced over the last axis, keeping it (..., 1). Rows of a few levels (a catalogue's entries)
     are reduced level by level over every row at once: numpy's reductions along a short last axis cost
     per row, twice as long (the same values to rounding)."""
@@ -35,15 +35,23 @@ def _last_axis(x: FloatArray, op: np.ufunc) -> FloatArray:
 
 def softmax(logits: FloatArray) -> FloatArray:
     """Softmax over the last axis."""
-    e: FloatArray = np.exp(logits - _last_axis(logits, np.maximum))
-    e /= _last_axis(e, np.add)
+    e: FloatArray = np.exp(logits - last_axis(logits, np.maximum))
+    e /= last_axis(e, np.add)
     return e
+
+
+def softmax_inplace(logits: FloatArray) -> FloatArray:
+    """`softmax`, written over `logits` (a new array of the caller's): no temporaries of its size."""
+    logits -= last_axis(logits, np.maximum)
+    np.exp(logits, out=logits)
+    logits /= last_axis(logits, np.add)
+    return logits
 
 
 def log_softmax(logits: FloatArray) -> FloatArray:
     """log(softmax(logits)) over the last axis, without dividing and taking the log of every entry."""
-    z: FloatArray = logits - _last_axis(logits, np.maximum)
-    z -= np.log(_last_axis(np.exp(z), np.add))
+    z: FloatArray = logits - last_axis(logits, np.maximum)
+    z -= np.log(last_axis(np.exp(z), np.add))
     return z
 
 
@@ -98,6 +106,11 @@ def one_row(rows: IntArray) -> int | None:
     return None
 
 
+def in_order(cols: IntArray, size: int) -> bool:
+    """Whether `cols` is 0, 1, ..., size - 1: a whole catalogue in order, whose arrays need no gather."""
+    return len(cols) == size and (size == 0 or (cols[0] == 0 and bool((np.diff(cols) == 1).all())))
+
+
 def row_products(table: FloatArray, vectors: FloatArray, cols: IntArray) -> FloatArray:
     """out[k, u] = table[cols[k]] . vectors[u]: (K, q). When most of the table is asked for (a top-N over
     the catalogue) the whole table is read in one product and the answers gathered, instead of gathering
@@ -130,7 +143,7 @@ def catalogue_products(network: Network, vectors: FloatArray, cols: IntArray) ->
     whole: np.ndarray = table @ v[:, 1:].T  # (m, q)
     whole *= network.catalogue_scale[:, None]
     whole += v[:, 0] * np.float32(1.0 / np.sqrt(2.0))
-    if len(cols) == len(table) and cols[0] == 0 and (np.diff(cols) == 1).all():
+    if in_order(cols, len(table)):
         return whole  # the whole catalogue in order: no gather
     out: np.ndarray = whole[cols]
     return out

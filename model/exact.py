@@ -72,12 +72,15 @@ from model.engine import (
     bilinear_forms,
     catalogue_products,
     compatibility_matrix,
+    in_order,
+    last_axis,
     log_softmax,
     nearest_level,
     one_row,
     row_forms,
     row_products,
     softmax,
+    softmax_inplace,
 )
 from model.ratings import LineIndex, Ratings, ranges
 from model.types import FloatArray, IntArray
@@ -319,6 +322,14 @@ class DenseAffinity:
         out: FloatArray = np.take(self.table, lines, axis=0).T @ weights
         return out
 
+    def add_weighted_lines(self, out: FloatArray, lines: IntArray, weights: FloatArray) -> None:
+        """out += table[lines]^T weights over out's lines (size or fewer, q)."""
+        out += self.weighted_lines(lines, weights)[: len(out)]
+
+    def add_line(self, out: FloatArray, line: int, weight: float) -> None:
+        """out += weight table[line, :len(out)] (a table grown past `out`'s lines reads their first)."""
+        out += weight * self.table[line, : len(out)]
+
     def grown(self, size: int) -> DenseAffinity:
         """The table padded with zero lines (no neighbours) up to `size`."""
         if size <= len(self.table):
@@ -370,6 +381,32 @@ class SparseAffinity:
         user with thousands of ratings over a large catalogue)."""
         out: FloatArray = np.asarray(self.matrix[lines].T @ weights)
         return out
+
+    def add_weighted_lines(self, out: FloatArray, lines: IntArray, weights: FloatArray) -> None:
+        """out += table[lines]^T weights over out's lines (size or fewer, q): only the lines' neighbours
+        are touched (a user's few items over a catalogue of 1e5: no dense (size, q) temporary)."""
+        m = self.matrix
+        starts = m.indptr[lines].astype(np.int64)
+        owner, pos = ranges(starts, m.indptr[lines + 1].astype(np.int64) - starts)
+        neighbours = m.indices[pos]
+        inside = neighbours < len(out)
+        if not inside.all():
+            owner, pos, neighbours = owner[inside], pos[inside], neighbours[inside]
+        order = np.argsort(neighbours, kind="stable")
+        if len(order) == 0:
+            return
+        neighbours = neighbours[order]
+        first = np.flatnonzero(np.r_[True, neighbours[1:] != neighbours[:-1]])
+        contrib = m.data[pos][order, None] * weights[owner[order]]
+        out[neighbours[first]] += np.add.reduceat(contrib, first, axis=0)
+
+    def add_line(self, out: FloatArray, line: int, weight: float) -> None:
+        """out += weight table[line, :len(out)] (a table grown past `out`'s lines reads their first)."""
+        m = self.matrix
+        lo, hi = m.indptr[line], m.indptr[line + 1]
+        neighbours, values = m.indices[lo:hi], m.data[lo:hi]
+        inside = neighbours < len(out)
+        out[neighbours[inside]] += weight * values[inside]  # a line's neighbours are distinct
 
     def grown(self, size: int) -> SparseAffinity:
         """The table with empty lines (no neighbours) up to `size`."""
@@ -765,13 +802,10 @@ def column_pass(columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> 
     if columns.by_label is not None and columns.compat is not None:
         p = len(columns.compat)
         sums = (columns.by_label @ e_other).reshape(-1, p)  # (m, p): per column, per label
-        out = np.empty((len(sums), p + int(with_total)))
-        out[:, :p] = sums @ columns.compat  # t_l[u] = C[label_l, u]
-        if with_total:
-            total = out[:, p]
-            total[:] = sums[:, 0]
-            for v in range(1, p):  # level by level: numpy reduces a short last axis row by row
-                total += sums[:, v]
+        # t_l[u] = C[label_l, u], and the total is each column's sum over the labels: one product with
+        # [C | 1] (a strided write of sums @ C and a level-by-level total cost three times as long).
+        compat = np.hstack([columns.compat, np.ones((p, 1))]) if with_total else columns.compat
+        out: FloatArray = sums @ compat
         return out
     levels = columns.levels if with_total else columns.levels[:-1]
     out = np.empty((levels[0].shape[0], len(levels)))
@@ -841,20 +875,27 @@ class Lines:
         known = self.known
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         column_terms = self.column_terms
-        user = one_row(rows) if column_terms else None
+        one = one_row(rows)
+        user = one if column_terms else None
+        # One user's queries over every item in order (a top-N): arrays over the catalogue are the answer
+        # as they are, and the item co-rating term adds only the neighbours of the user's items.
+        catalogue = one is not None and in_order(cols, known.n_items)
         # One user's queries: both column terms weigh the entry l by e[i_l] = lambda_i s_r(i, i_l) +
         # lambda_c w_u(i, i_l), one vector over the users. Read with it when the queries' columns hold
         # many known entries (a dense matrix's items): for most of the entries, one pass over all of them;
         # else the columns' members gathered, a number each, not an embedding each (`line_messages`).
-        reached = int(known.by_col.counts(cols).sum()) if user is not None else 0
+        reached = 0 if user is None else len(known) if catalogue else int(known.by_col.counts(cols).sum())
         whole = columns is not None and 4 * reached > len(known)
         if user is not None and (whole or 4 * reached > known.n_users):
             e = np.zeros(known.n_users)
             if self.same_item > 0:
                 e += self.same_item * (a[: known.n_users] @ a[user])
             if self.co_rating_user > 0 and self.user_affinity is not None:
-                e += self.co_rating_user * self.user_affinity.rows(np.array([user]))[0, : known.n_users]
-            if whole:
+                self.user_affinity.add_line(e, user, self.co_rating_user)
+            if whole and catalogue:
+                assert columns is not None
+                out = column_pass(columns, e, with_total)  # every column, in order: the sums themselves
+            elif whole:
                 assert columns is not None
                 out += column_pass(columns, e, with_total)[cols]
             else:
@@ -868,7 +909,12 @@ class Lines:
         if self.same_item > 0 and column_terms:
             item = line_messages(known.by_col, a, known.rows, weights, cols, a[rows], with_total)
             out += self.same_item * item
-        if self.co_rating > 0 and self.affinity is not None:
+        if self.co_rating > 0 and self.affinity is not None and catalogue:
+            assert one is not None
+            members = known.by_row.of(one)
+            vals = self.co_rating * member_weights(weights, members, with_total)
+            self.affinity.add_weighted_lines(out, known.cols[members], vals)
+        elif self.co_rating > 0 and self.affinity is not None:
             co = affinity_messages(known.by_row, self.affinity, known.cols, weights, rows, cols, with_total)
             out += self.co_rating * co
         if self.co_rating_user > 0 and self.user_affinity is not None and column_terms:
@@ -1070,16 +1116,28 @@ def _messages(
         msg, total = forms[:, :-1], forms[:, -1]
     if interp is not None:
         msg = msg @ interp.weights.T
-    line_total: FloatArray | float = 0.0
+    owned = False  # whether msg is a float64 array of this call's own (divided in place)
     if lines is not None and lines.active and t is not None:
+        # `extra` is a new array of the line terms' (and with `normalized`, the normaliser's) sums: the
+        # field's messages join it in place (a catalogue's (m, p) arrays are 1e6 numbers: each pass counts).
         extra = lines.messages(t, a, b, rows, cols, normalized, columns, same_user=not own)
-        msg = msg + extra[:, : t.shape[1]]
+        p = t.shape[1]
+        extra[:, :p] += msg
+        msg, owned = extra[:, :p], True
         if normalized:
-            line_total = extra[:, -1] + lines.prior_weight
+            assert total is not None
+            denom = extra[:, p]
+            denom += total
+            denom += lines.prior_weight
+            total = denom
     if scaling == "scaled":
         return msg * scale, probed
     if total is not None:
-        return msg / np.maximum(total + line_total, 1e-12)[:, None], probed
+        norm = np.maximum(total, 1e-12)[:, None]
+        if owned:
+            msg /= norm
+            return msg, probed
+        return msg / norm, probed
     return msg, probed
 
 
@@ -1171,10 +1229,29 @@ def user_distributions(
     products = (lambda v, c: catalogue_products(network, v, c)) if whole else None
     msg, forms = field.messages(a, b, rows, cols, lines, probe, products)
     assert forms is not None  # one user's queries
-    # log(max(softmax(scores), 1e-30)) as query_distributions takes it, without the division and the log
-    # of every entry: scores - logsumexp(scores), clamped.
-    log_probs = log_softmax(forms * network.item_norms[cols][:, None])
-    return softmax(np.maximum(log_probs, np.log(1e-30)) - gamma * msg)
+    norms = network.item_norms if in_order(cols, len(network.item_norms)) else network.item_norms[cols]
+    return posterior(forms * norms[:, None], msg, gamma)
+
+
+LOG_FLOOR = np.log(1e-30)
+"""The least log-probability of the base network's that the mean-field update reads (`query_distributions`
+floors the probabilities at 1e-30)."""
+
+
+def posterior(scores: FloatArray, msg: FloatArray, gamma: float) -> FloatArray:
+    """softmax(max(log_softmax(scores), LOG_FLOOR) - gamma msg): `query_distributions` from the decoder's
+    scores (K, p). Where no level's log-probability falls below the floor (min - max of a row's scores at
+    least LOG_FLOOR + log p: log_softmax >= min - max - log p), the log-softmax only shifts the row, which
+    the softmax ignores: softmax(scores - gamma msg), without the exp, sum and log of the log-softmax. The
+    other rows take the floor. `scores` is overwritten (the caller's new array)."""
+    low = last_axis(scores, np.minimum)[:, 0] - last_axis(scores, np.maximum)[:, 0]
+    floored = np.flatnonzero(low < LOG_FLOOR + np.log(scores.shape[1]))
+    kept = scores[floored] if len(floored) else None
+    scores -= gamma * msg
+    out = softmax_inplace(scores)
+    if kept is not None:
+        out[floored] = softmax(np.maximum(log_softmax(kept), LOG_FLOOR) - gamma * msg[floored])
+    return out
 
 
 BIAS_SWEEPS = 500
@@ -1237,10 +1314,12 @@ def level_distribution(values: np.ndarray, levels: np.ndarray) -> np.ndarray:
 def baseline_mixture(
     dist: np.ndarray, prediction: np.ndarray, levels: np.ndarray, weight: float
 ) -> np.ndarray:
-    """(1 - weight) dist + weight B, with B the level distribution of the baseline's prediction: (K, p).
-    B's two non-zero levels per row are added where they fall (a catalogue's rows: no (K, p) B)."""
+    """(1 - weight) dist + weight B, with B the level distribution of the baseline's prediction: (K, p),
+    written over `dist` (the caller's new array). B's two non-zero levels per row are added where they
+    fall (a catalogue's rows: no (K, p) B)."""
     lower, frac = _level_split(prediction, levels)
-    out: np.ndarray = dist * (1.0 - weight)
+    out: np.ndarray = dist
+    out *= 1.0 - weight
     flat = out.reshape(-1)
     at = np.arange(len(lower)) * len(levels) + lower
     flat[at] += weight * (1.0 - frac)
@@ -1651,5 +1730,6 @@ class ExactScorer:
         if self.biases is None:
             return dist
         mu, user_bias, item_bias = self.biases
-        baseline = mu + user_bias[rows] + item_bias[cols]
+        user_part = user_bias[rows] if user is None else user_bias[user]  # one user's: a number
+        baseline = item_bias[cols] + (mu + user_part)
         return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)

@@ -62,9 +62,11 @@ def test_level_distribution_has_the_clipped_value_as_its_expectation() -> None:
     # A value on a level puts all its weight there; one between two levels splits it between them alone.
     np.testing.assert_allclose(dist[5], [0, 0, 0, 1, 0])
     np.testing.assert_allclose(dist[4], [0, 0, 0.45, 0.55, 0])
-    # The mixture adds the two non-zero levels where they fall: exactly (1 - w) Q + w B.
+    # The mixture adds the two non-zero levels where they fall: exactly (1 - w) Q + w B, written over Q.
     q = np.random.default_rng(0).dirichlet(np.ones(5), size=len(values))
-    np.testing.assert_array_equal(exact.baseline_mixture(q, values, levels, 0.3), 0.7 * q + 0.3 * dist)
+    mixed = q.copy()
+    assert exact.baseline_mixture(mixed, values, levels, 0.3) is mixed
+    np.testing.assert_array_equal(mixed, 0.7 * q + 0.3 * dist)
 
 
 def _model(seed: int = 0) -> tuple[Network, Ratings]:

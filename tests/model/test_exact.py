@@ -305,6 +305,20 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     np.testing.assert_allclose(sparse.rows(a), dense.rows(a), atol=1e-12)
     w = np.random.default_rng(5).normal(size=(4, 3))
     np.testing.assert_allclose(sparse.weighted_lines(a, w), dense.weighted_lines(a, w), atol=1e-12)
+    # Added into an array in place: a line given twice counts twice; an array shorter than the table
+    # takes its first lines (a table grown for items the array does not cover).
+    for size in (30, 26):
+        for lines in (a, np.array([3, 3, 29, 0])):
+            start = np.random.default_rng(2).normal(size=(size, 3))
+            want = start + dense.weighted_lines(lines, w)[:size]
+            for table in (sparse, dense):
+                got = start.copy()
+                table.add_weighted_lines(got, lines, w)
+                np.testing.assert_allclose(got, want, atol=1e-12)
+        for table in (sparse, dense):
+            got = np.ones(size)
+            table.add_line(got, 7, 2.5)
+            np.testing.assert_allclose(got, 1.0 + 2.5 * dense.rows(np.array([7]))[0, :size], atol=1e-12)
     # The item term's three ways (a user's whole catalogue, a user's few items, many users) agree.
     index, weights = LineIndex(rows, 40), np.random.default_rng(6).random((len(rows), 5))
     for q_rows, q_cols in (
@@ -431,14 +445,14 @@ def test_co_rating_rows_are_rows_of_the_table() -> None:
     [(0.0, 0.0, 0.0), (2.0, 0.0, 0.0), (2.0, 0.0, 0.7), (0.0, 1.5, 0.0), (2.0, 1.5, 0.7)],
 )
 @pytest.mark.parametrize("few_users", [exact.FEW_USERS, 0])
-@pytest.mark.parametrize("catalogue", [False, True])
+@pytest.mark.parametrize("queries", ["entries", "catalogue", "catalogue in order"])
 def test_exact_inference_with_line_terms_equals_dense_mean_field(
     known: str,
     co_rating: float,
     co_user: float,
     prior: float,
     few_users: int,
-    catalogue: bool,
+    queries: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # few_users 0: every read takes the batched path, and the co-rating sums go pair by pair over several
@@ -446,13 +460,19 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     # top-N), which read whole tables: the column terms in one pass over the known entries (an item
     # without ratings among them), the item table by rows, the decoder and field over every item.
     # The batched path also takes its other chunks here (as on ml-10m's millions of entries): the field's
-    # nodes, the queries' reads and the line terms' members a few at a time.
+    # nodes, the queries' reads and the line terms' members a few at a time; and sparse co-rating tables
+    # (holding every neighbour: the dense tables' values). "catalogue in order": every item, in order,
+    # whose arrays over the catalogue are the answer without a gather.
+    catalogue = queries != "entries"
     monkeypatch.setattr(exact, "FEW_USERS", few_users)
     monkeypatch.setattr(exact, "PAIR_CHUNK", 5)
     if few_users == 0:
         monkeypatch.setattr(exact, "NODE_CHUNK", 4)
         monkeypatch.setattr(exact, "QUERY_CHUNK", 2)
         monkeypatch.setattr(exact, "MEMBER_CHUNK", 5)
+        monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 2)
+        monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
+        monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 10)
     rng = np.random.default_rng(11)
     n, m, d = 7, 6, 3
     levels = np.array([1.0, 2.0, 3.0, 4.0])
@@ -473,8 +493,10 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
         co_rating_shrink=3.0,
     )
     q_rows, q_cols = np.array([0, 6, 2]), np.array([5, 0, 2])
-    if catalogue:
+    if queries == "catalogue":
         q_rows, q_cols = np.full(m + 1, 2), np.array([3, *range(m)])
+    elif queries == "catalogue in order":
+        q_rows, q_cols = np.full(m, 2), np.arange(m)
     elif few_users:  # one user's item with more known entries than a quarter of the users: the column
         q_rows, q_cols = np.array([2]), np.array([5])  # terms gather a weight per entry (`Lines.messages`)
         assert 4 * (cols == 5).sum() > n and 4 * (cols == 5).sum() <= len(rows)
@@ -591,6 +613,31 @@ def test_softmax_and_log_softmax_of_rows_of_few_levels_equal_the_reduction_along
     batched = np.random.default_rng(0).normal(size=(3, 4, p))  # (B, K, p): along the last axis
     np.testing.assert_allclose(engine.softmax(batched).sum(axis=-1), 1.0)
     np.testing.assert_allclose(np.exp(engine.log_softmax(batched)), engine.softmax(batched), rtol=1e-12)
+    written = logits.copy()
+    assert engine.softmax_inplace(written) is written
+    np.testing.assert_allclose(written, want, rtol=1e-13, atol=0)
+
+
+def test_the_posterior_of_decoder_scores_floors_the_levels_far_below_the_others() -> None:
+    # Rows whose scores span less than the floor skip the log-softmax (a shift the softmax ignores); rows
+    # with a level far below the others take the floor, and the messages can lift that level again.
+    rng = np.random.default_rng(3)
+    scores = rng.normal(scale=3.0, size=(200, 5))
+    msg = rng.random((200, 5))
+    scores[:20, 0] -= 200.0
+    msg[:20, 0] = -100.0  # 0.7 x 100 = 70 nats back: the floor decides that level's weight
+    want = engine.softmax(np.maximum(engine.log_softmax(scores), np.log(1e-30)) - 0.7 * msg)
+    got = exact.posterior(scores.copy(), msg, 0.7)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)
+    assert got[:20, 0].min() > 0.01  # without the floor e^-200 would leave that level nothing
+
+
+def test_in_order_is_every_index_once_in_order() -> None:
+    assert engine.in_order(np.arange(5), 5) and engine.in_order(np.arange(0), 0)
+    assert not engine.in_order(np.arange(5), 6)
+    assert not engine.in_order(np.array([0, 2, 1, 3, 4]), 5)
+    assert not engine.in_order(np.array([0, 1, 1, 3, 4]), 5)
+    assert not engine.in_order(np.array([1, 2, 3, 4, 5]), 5)
 
 
 def test_scorers_from_shared_parts_share_the_clamped_entries_item_ordered_copy() -> None:
