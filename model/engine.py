@@ -132,17 +132,22 @@ ROW_CHUNK = 8192
 """Rows of a float32 table that `row_products` converts to float64 at a time."""
 
 
-def catalogue_products(network: Network, vectors: FloatArray, cols: IntArray) -> FloatArray:
+def catalogue_products(
+    network: Network, vectors: FloatArray, cols: IntArray, raw: FloatArray | None = None
+) -> FloatArray:
     """out[k, u] = b_{cols[k]} . vectors[u] for the lifted item rows b_j = [1, unit_j] / sqrt(2) (the
-    exact CRF's item side, model/exact.py): (K, q) float32. One product over the float32 item table
+    exact CRF's item side, model/exact.py): (K, q) float32, followed by e_{cols[k]} . raw[r] for the item
+    embeddings themselves (the decoder's scores): (K, q + r). One product over the float32 item table
     (`Network.catalogue`: half the bytes of the float64 rows, and a map shared by the workers), with
     b_j . v = (v_0 + (e_j . v_1:) / |e_j|) / sqrt(2): what a top-N over the catalogue reads. Float32
     arithmetic: about 1e-6 of each product's size."""
     table = network.catalogue
-    v = np.asarray(vectors, dtype=np.float32)
-    whole: np.ndarray = table @ v[:, 1:].T  # (m, q)
-    whole *= network.catalogue_scale[:, None]
-    whole += v[:, 0] * np.float32(1.0 / np.sqrt(2.0))
+    q = len(vectors)
+    v = np.asarray(vectors[:, 1:] if raw is None else np.vstack([vectors[:, 1:], raw]), dtype=np.float32)
+    whole: np.ndarray = table @ v.T  # (m, q + r)
+    lifted = whole[:, :q]
+    lifted *= network.catalogue_scale[:, None]
+    lifted += np.asarray(vectors[:, 0], dtype=np.float32) * np.float32(1.0 / np.sqrt(2.0))
     if in_order(cols, len(table)):
         return whole  # the whole catalogue in order: no gather
     out: np.ndarray = whole[cols]

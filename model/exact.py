@@ -125,7 +125,8 @@ FEW_USERS = 16
 
 
 Products = Callable[[FloatArray, IntArray], FloatArray]
-"""(vectors (q, D), cols (K,)) -> b_{cols[k]} . vectors[u]: (K, q), the item rows' read of `_messages`."""
+"""(vectors (q, D), cols (K,)) -> b_{cols[k]} . vectors[u]: (K, q), the item rows' read of `_messages`,
+followed by any other columns its caller reads in the same pass: (K, q + r)."""
 
 
 class FactorizedGraph:
@@ -995,12 +996,11 @@ class KnownField:
         rows: IntArray,
         cols: IntArray,
         lines: Lines | None = None,
-        probe: FloatArray | None = None,
         products: Products | None = None,
     ) -> tuple[FloatArray, FloatArray | None]:
         """The messages of this field to the queries (rows[k], cols[k]) (`_messages`, from the anchor
-        levels when it has them), and the queries' reads of `probe` when they are one user's (`products`
-        reads the item rows for them: `_messages`)."""
+        levels when it has them), and, for one user's queries, what else `products` read in the same pass
+        over the item rows (`_messages`)."""
         g = self.g if self.interp is None or self.g_anchors is None else self.g_anchors
         return _messages(
             g,
@@ -1015,7 +1015,6 @@ class KnownField:
             self.t,
             self.interp,
             self.columns,
-            probe,
             products,
         )
 
@@ -1073,12 +1072,12 @@ def _messages(
     t: Distributions | None = None,
     interp: LevelInterpolation | None = None,
     columns: ColumnMajor | None = None,
-    probe: FloatArray | None = None,
     products: Products | None = None,
 ) -> tuple[FloatArray, FloatArray | None]:
-    """`scaled_messages`, and, for queries of one user, b_{cols[k]} . probe[u] (K, q) read in the same
-    pass over the item embeddings (None for other queries or without `probe`). `products(vectors, cols)`
-    reads b_{cols[k]} . vectors[u] for one user's queries (`row_products` of b by default)."""
+    """`scaled_messages`, and, for queries of one user, the columns that `products` read after the
+    field's (None for other queries, or when it read none). `products(vectors, cols)` reads
+    b_{cols[k]} . vectors[u] for one user's queries, and may append more columns of the same pass over the
+    item rows (`user_distributions`: the decoder's scores); `row_products` of b by default."""
     normalized = scaling == "normalized"
     if lines is not None and lines.active and t is None:
         raise ValueError("the kernel's line terms need the known entries' distributions")
@@ -1100,14 +1099,9 @@ def _messages(
                 sums = np.concatenate([sums[interp.anchors], sums[len(interp.weights) :]])
             vectors = vectors + lines.same_user * sums
             own = True
-        parts = [vectors] if probe is None else [vectors, probe]
-        read = (
-            products(np.vstack(parts), cols)
-            if products is not None
-            else row_products(b, np.vstack(parts), cols)
-        )
+        read = products(vectors, cols) if products is not None else row_products(b, vectors, cols)
         forms = read[:, : len(vectors)]
-        probed = read[:, len(vectors) :] if probe is not None else None
+        probed = read[:, len(vectors) :] if read.shape[1] > len(vectors) else None
     else:
         forms = read_messages(stacked, a, b, rows, cols)
     total: FloatArray | None = None
@@ -1222,15 +1216,27 @@ def user_distributions(
     read in the same pass over the item embeddings as the messages (a top-N over the catalogue reads them
     once): item_emb_j . v = |item_emb_j| sqrt(2) (b_j . [0, v]), b_j = [1, unit_j] / sqrt(2). (K, p)."""
     decoder = np.matmul(network.user_emb[user], network.bilinear)  # (p, d): scores_j = item_emb_j . decoder
-    probe = np.sqrt(2.0) * np.hstack([np.zeros((len(decoder), 1)), decoder])
     rows = np.full(len(cols), user, dtype=np.int64)
-    # Most of the catalogue (a top-N): one float32 product over the shared item table.
-    whole = 4 * len(cols) > len(b)
-    products = (lambda v, c: catalogue_products(network, v, c)) if whole else None
-    msg, forms = field.messages(a, b, rows, cols, lines, probe, products)
-    assert forms is not None  # one user's queries
+    products: Products
+    if 4 * len(cols) > len(b):  # most of the catalogue (a top-N): one float32 product over the item table
+        products = lambda v, c: catalogue_products(network, v, c, decoder)  # noqa: E731
+    else:
+        probe = np.sqrt(2.0) * np.hstack([np.zeros((len(decoder), 1)), decoder])  # b_j . probe = unit_j . dec
+
+        def products(v: FloatArray, c: IntArray) -> FloatArray:
+            read = row_products(b, np.vstack([v, probe]), c)
+            read[:, len(v) :] *= network.item_norms[c][:, None]
+            return read
+
+    msg, scores = field.messages(a, b, rows, cols, lines, products)
+    assert scores is not None  # one user's queries
+    # |s_u - s_v| = |e_j . (dec_u - dec_v)| <= |e_j| max |dec_u - dec_v|: only the items whose norm lets
+    # two levels' scores lie further apart than the floor can have a level floored (one nat to spare for
+    # the float32 products).
+    spread = max(np.linalg.norm(decoder[:, None] - decoder[None], axis=-1).max(), 1e-300)
     norms = network.item_norms if in_order(cols, len(network.item_norms)) else network.item_norms[cols]
-    return posterior(forms * norms[:, None], msg, gamma)
+    reach = -LOG_FLOOR - np.log(len(decoder)) - 1.0
+    return posterior(np.array(scores, dtype=np.float64), msg, gamma, np.flatnonzero(norms * spread >= reach))
 
 
 LOG_FLOOR = np.log(1e-30)
@@ -1238,14 +1244,19 @@ LOG_FLOOR = np.log(1e-30)
 floors the probabilities at 1e-30)."""
 
 
-def posterior(scores: FloatArray, msg: FloatArray, gamma: float) -> FloatArray:
+def posterior(
+    scores: FloatArray, msg: FloatArray, gamma: float, candidates: IntArray | None = None
+) -> FloatArray:
     """softmax(max(log_softmax(scores), LOG_FLOOR) - gamma msg): `query_distributions` from the decoder's
     scores (K, p). Where no level's log-probability falls below the floor (min - max of a row's scores at
     least LOG_FLOOR + log p: log_softmax >= min - max - log p), the log-softmax only shifts the row, which
     the softmax ignores: softmax(scores - gamma msg), without the exp, sum and log of the log-softmax. The
-    other rows take the floor. `scores` is overwritten (the caller's new array)."""
-    low = last_axis(scores, np.minimum)[:, 0] - last_axis(scores, np.maximum)[:, 0]
-    floored = np.flatnonzero(low < LOG_FLOOR + np.log(scores.shape[1]))
+    other rows take the floor. `candidates`: the only rows that may have a level so far below (all when
+    None). `scores` is overwritten (the caller's new array)."""
+    rows = np.arange(len(scores)) if candidates is None else candidates
+    some = scores[rows]
+    low = last_axis(some, np.minimum)[:, 0] - last_axis(some, np.maximum)[:, 0]
+    floored = rows[low < LOG_FLOOR + np.log(scores.shape[1])]
     kept = scores[floored] if len(floored) else None
     scores -= gamma * msg
     out = softmax_inplace(scores)
@@ -1294,6 +1305,13 @@ def bias_baseline(
 def _level_split(values: np.ndarray, levels: np.ndarray) -> tuple[IntArray, FloatArray]:
     """For `level_distribution`: each value's lower level (its weight 1 - frac; the next level's frac)."""
     v = np.clip(np.asarray(values, dtype=np.float64), levels[0], levels[-1])
+    step = levels[1] - levels[0] if len(levels) > 1 else 0.0
+    if step > 0 and np.array_equal(np.diff(levels), np.full(len(levels) - 1, step)):
+        # Evenly spaced levels (most scales): arithmetic instead of a search and gathers over the levels,
+        # several times as fast over a catalogue's 1e5 values.
+        x = (v - levels[0]) / step
+        lower_even = np.minimum(x.astype(np.intp), len(levels) - 2)  # x >= 0: truncation is floor
+        return lower_even, x - lower_even
     upper = np.clip(np.searchsorted(levels, v, side="right"), 1, len(levels) - 1)
     lower = upper - 1
     frac: FloatArray = (v - levels[lower]) / (levels[upper] - levels[lower])

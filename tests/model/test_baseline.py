@@ -69,6 +69,21 @@ def test_level_distribution_has_the_clipped_value_as_its_expectation() -> None:
     np.testing.assert_array_equal(mixed, 0.7 * q + 0.3 * dist)
 
 
+@pytest.mark.parametrize("levels", [np.arange(1.0, 6.0), np.arange(0.5, 5.01, 0.5), np.arange(0.0, 69.0)])
+def test_evenly_spaced_levels_split_a_value_between_its_two_neighbours(levels: np.ndarray) -> None:
+    # Evenly spaced levels take arithmetic, not a search: the same distributions as the definition.
+    rng = np.random.default_rng(4)
+    values = np.r_[rng.normal(levels.mean(), levels.std() * 1.5, 500), levels, levels[:-1] + 1e-9]
+    dist = exact.level_distribution(values, levels)
+    clipped = np.clip(values, levels[0], levels[-1])
+    np.testing.assert_allclose(dist @ levels, clipped, atol=1e-12)
+    assert dist.min() >= 0.0 and ((dist > 0).sum(axis=1) <= 2).all()
+    nonzero = [np.flatnonzero(row) for row in dist]
+    assert all(len(nz) == 1 or nz[1] == nz[0] + 1 for nz in nonzero)  # two neighbouring levels
+    on_level = np.flatnonzero(np.isin(clipped, levels))
+    np.testing.assert_allclose(dist[on_level].max(axis=1), 1.0)  # a value on a level: all its weight there
+
+
 def _model(seed: int = 0) -> tuple[Network, Ratings]:
     rng = np.random.default_rng(seed)
     cfg = ModelConfig(n_users=8, n_items=6, levels=(1, 2, 3, 4, 5), hidden=(4,))
