@@ -662,3 +662,26 @@ def test_scorers_from_shared_parts_share_the_clamped_entries_item_ordered_copy()
         scorers.append(shared)
     first, second = (s.field.columns for s in scorers)
     assert first is not None and second is not None and first.by_label is second.by_label
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_one_users_catalogue_floors_the_levels_the_network_all_but_rules_out(scale: float) -> None:
+    # Item embeddings scaled up spread a query's decoder scores over more than the floor's 69 nats: those
+    # items' levels far below the others are floored (1e-30), as when the network's probabilities are
+    # given, and the rest skip the log-softmax. scale 1: nothing floored, the same answer either way.
+    rng = np.random.default_rng(8)
+    n, m = 6, 40
+    levels = (1.0, 2.0, 3.0, 4.0, 5.0)
+    cfg = ModelConfig(n_users=n, n_items=m, levels=levels, hidden=(8, 4), gamma=0.5, mf_layers=2)
+    base = _random_network(rng, cfg)
+    items = base.item_emb * np.where(np.arange(m) % 3 == 0, scale, 1.0)[:, None]
+    network = Network(cfg, base.user_emb, items, base.bilinear)
+    rows, cols = np.nonzero(rng.random((n, m)) < 0.3)
+    ratings = Ratings(rows, cols, rng.integers(1, 6, len(rows)).astype(float), n, m)
+    scorer = build_scorer(network, ratings, _exact(scaling="normalized", known="clamped", same_item=2.0))
+    q_rows, q_cols = np.full(m, 1), np.arange(m)
+    probs = network.probabilities(q_rows, q_cols)
+    assert (probs < 1e-30).any() == (scale > 1)
+    want = predict_distributions(network, scorer, q_rows, q_cols)  # log(max(probs, 1e-30))
+    # Relative to each level's own size, the floored ones included (float32 products: about 1e-6 a nat).
+    np.testing.assert_allclose(scorer.predict(q_rows, q_cols), want, rtol=1e-4, atol=0)
