@@ -1720,6 +1720,17 @@ class ExactScorer:
         mixed with the bias baseline when output.baseline > 0: (K, p). `query_probs`: the base network's
         distributions of the entries; without them the network's own, read with the messages when the
         queries are one user's (`user_distributions`)."""
+        dist, baseline = self.unmixed(rows, cols, query_probs)
+        if baseline is None:
+            return dist
+        return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
+
+    def unmixed(
+        self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """What `predict` mixes: the CRF's distributions (K, p) and the bias baseline's predictions (K,),
+        None without one (output.baseline 0). A catalogue's row is kept unmixed (service.scoring), so a
+        top-N reads expected ratings, (1 - w) E[CRF] + w clip(baseline), without a mixed (K, p) array."""
         user = one_row(rows) if query_probs is None else None
         if user is not None:
             dist = user_distributions(
@@ -1746,8 +1757,7 @@ class ExactScorer:
                 self.lines,
             )
         if self.biases is None:
-            return dist
+            return dist, None
         mu, user_bias, item_bias = self.biases
         user_part = user_bias[rows] if user is None else user_bias[user]  # one user's: a number
-        baseline = item_bias[cols] + (mu + user_part)
-        return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
+        return dist, item_bias[cols] + (mu + user_part)

@@ -22,7 +22,7 @@ import redis
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
-from model.exact import ExactScorer, level_distribution
+from model.exact import ExactScorer, baseline_mixture, level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState
 from model.ratings import Ratings
@@ -106,14 +106,29 @@ class UserRow:
     ratings: np.ndarray
     """(items,) expected ratings, clipped to the scale."""
     dist: np.ndarray
-    """(items, p) label distributions."""
+    """(items, p) label distributions: the CRF's alone where `baseline` is set (mixed when read)."""
     fallback: np.ndarray
     """(items,) bool: answered by the bias baseline (an item without an embedding yet)."""
     any_fallback: bool
+    baseline: np.ndarray | None = None
+    """(items,) the bias baseline's predictions that `distributions` mixes in (weight `weight`), or None
+    when `dist` is final. A top-N reads `ratings` alone: the mixed (items, p) array is never made."""
+    weight: float = 0.0
+    levels: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(self.ratings.nbytes + self.dist.nbytes + self.fallback.nbytes)
+        extra = 0 if self.baseline is None else self.baseline.nbytes
+        return int(self.ratings.nbytes + self.dist.nbytes + self.fallback.nbytes + extra)
+
+    def distributions(self, items: np.ndarray) -> np.ndarray:
+        """The final label distributions of `items`: (K, p), a new array."""
+        dist: np.ndarray = self.dist[items]
+        if self.baseline is None or self.levels is None:
+            return dist
+        mix = ~self.fallback[items] if self.any_fallback else slice(None)  # fallback rows are final
+        dist[mix] = baseline_mixture(dist[mix], self.baseline[items][mix], self.levels, self.weight)
+        return dist
 
 
 class UserRows:
@@ -354,7 +369,7 @@ class Scorer:
             return self._predict(state, user, items)
         # Each gather from a row is a cache miss per item (rows outgrow the CPU's caches): only what is read.
         fallback = row.fallback[items] if row.any_fallback else np.zeros(len(items), dtype=bool)
-        return row.ratings[items], row.dist[items] if distributions else None, fallback
+        return row.ratings[items], row.distributions(items) if distributions else None, fallback
 
     def row(self, user: int) -> np.ndarray:
         """The user's expected ratings over every item (cached: `UserRows`); read-only."""
@@ -368,12 +383,46 @@ class Scorer:
         return row.ratings
 
     def _row(self, state: OnlineState, user: int) -> UserRow:
-        ratings, dist, fallback = self._predict(state, user, np.arange(state.known.n_items, dtype=np.int64))
-        for a in (ratings, dist, fallback):
-            a.flags.writeable = False
-        row = UserRow(ratings, dist, fallback, bool(fallback.any()))
+        items = np.arange(state.known.n_items, dtype=np.int64)
+        fallback = ~state.embedded[items]
+        scorer = state.scorer
+        baseline, weight = None, 0.0
+        if isinstance(scorer, ExactScorer):
+            # Unmixed: the expected rating of (1 - w) Q + w B is (1 - w) E[Q] + w clip(b), B's expectation,
+            # so the row needs no mixed (items, p) array; reads of its distributions mix theirs.
+            with self._engine_lock:
+                dist, baseline = scorer.unmixed(np.full(len(items), user, dtype=np.int64), items)
+            ratings = expected_rating(dist, self.levels)
+            if baseline is not None:
+                weight = float(scorer.output.baseline)
+                ratings *= 1.0 - weight
+                ratings += weight * np.clip(baseline, self.levels[0], self.levels[-1])
+            self._fall_back(state, user, items, fallback, dist, ratings)
+            np.clip(ratings, self.levels[0], self.levels[-1], out=ratings)
+        else:
+            ratings, dist, fallback = self._predict(state, user, items)
+        for a in (ratings, dist, fallback, baseline):
+            if a is not None:
+                a.flags.writeable = False
+        row = UserRow(ratings, dist, fallback, bool(fallback.any()), baseline, weight, self.levels)
         self.rows.put(state, user, row)
         return row
+
+    def _fall_back(
+        self,
+        state: OnlineState,
+        user: int,
+        items: np.ndarray,
+        fallback: np.ndarray,
+        dist: np.ndarray,
+        ratings: np.ndarray | None = None,
+    ) -> None:
+        """The items without an embedding yet answered by the bias baseline: their distributions (and
+        expected ratings) replaced in place."""
+        if fallback.any():
+            dist[fallback] = level_distribution(state.baseline(user, items[fallback]), self.levels)
+            if ratings is not None:
+                ratings[fallback] = expected_rating(dist[fallback], self.levels)
 
     def _predict(
         self, state: OnlineState, user: int, items: np.ndarray
@@ -391,8 +440,7 @@ class Scorer:
             probs = state.network.probabilities(rows, items)
             with self._engine_lock:
                 dist = scorer.predict(rows, items, probs)
-        if fallback.any():
-            dist[fallback] = level_distribution(state.baseline(user, items[fallback]), self.levels)
+        self._fall_back(state, user, items, fallback, dist)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist, fallback
 

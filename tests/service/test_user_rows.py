@@ -17,7 +17,11 @@ from tests.service.conftest import App, RedisServer
 TOKEN = "rows-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ITEMS = [f"i{j}" for j in range(0, 50, 3)]
-EXACT = {"mode": "exact", "kernel": {"co_rating": 50.0, "co_rating_user": 50.0, "same_item": 1.0}}
+EXACT = {
+    "mode": "exact",
+    "kernel": {"co_rating": 50.0, "co_rating_user": 50.0, "same_item": 1.0},
+    "output": {"baseline": 0.4},  # a cached row keeps the CRF and the baseline apart: mixed when read
+}
 
 
 @dataclass
@@ -126,13 +130,13 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
             "/ratings", json={"ratings": [{"user": "stranger", "item": "fresh", "rating": 5}]}, headers=AUTH
         )
         assert r.status_code == 200, r.text
-        answers = [
-            api.client.post("/predict", json={"user": "u5", "items": ["i1", "fresh"]}).json()["predictions"]
-            for _ in range(3)
-        ]
+        body = {"user": "u5", "items": ["i1", "fresh"], "distribution": True}
+        answers = [api.client.post("/predict", json=body).json()["predictions"] for _ in range(3)]
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # the third came from the row
         for first, fresh in answers:
             assert "fallback" not in first and fresh["fallback"] == "baseline"
         ratings = [[p["rating"] for p in a] for a in answers]
         # (a row reads the whole catalogue's item embeddings in float32: equal to about 1e-7)
         np.testing.assert_allclose(ratings[2], ratings[0], rtol=0, atol=1e-6)
+        dists = [[p["distribution"] for p in a] for a in answers]  # the new item's: the baseline's alone
+        np.testing.assert_allclose(dists[2], dists[0], rtol=0, atol=1e-6)
