@@ -864,6 +864,7 @@ class Lines:
         with_total: bool = False,
         columns: ColumnMajor | None = None,
         same_user: bool = True,
+        similar: Callable[[int], FloatArray] | None = None,
     ) -> FloatArray:
         """lambda_u sum_{l on row i} s_c(j, j_l) w_l + lambda_i sum_{l on col j} s_r(i, i_l) w_l
         + lambda_r sum_{l on row i} w(j, j_l) w_l + lambda_c sum_{l on col j} w_u(i, i_l) w_l: (K, p);
@@ -872,7 +873,8 @@ class Lines:
         `columns`: `weights` in item order. When one user's queries reach most of the known entries
         through their columns (a top-N over the catalogue), both column terms are then one `column_pass`
         with the per-user weights lambda_i s_r(i, .) + lambda_c w_u(i, .). `same_user=False` leaves the
-        first term out (the caller read it with the field: `user_sums`)."""
+        first term out (the caller read it with the field: `user_sums`). `similar(i)`: s_r(i, .) over the
+        users, when the caller reads it for less than a . a_i (`Network.user_similarities`)."""
         known = self.known
         out = np.zeros((len(rows), weights.shape[1] + int(with_total)))
         column_terms = self.column_terms
@@ -890,7 +892,8 @@ class Lines:
         if user is not None and (whole or 4 * reached > known.n_users):
             e = np.zeros(known.n_users)
             if self.same_item > 0:
-                e += self.same_item * (a[: known.n_users] @ a[user])
+                s_r = similar(user)[: known.n_users] if similar is not None else a[: known.n_users] @ a[user]
+                e += self.same_item * s_r
             if self.co_rating_user > 0 and self.user_affinity is not None:
                 self.user_affinity.add_line(e, user, self.co_rating_user)
             if whole and catalogue:
@@ -997,10 +1000,11 @@ class KnownField:
         cols: IntArray,
         lines: Lines | None = None,
         products: Products | None = None,
+        similar: Callable[[int], FloatArray] | None = None,
     ) -> tuple[FloatArray, FloatArray | None]:
         """The messages of this field to the queries (rows[k], cols[k]) (`_messages`, from the anchor
         levels when it has them), and, for one user's queries, what else `products` read in the same pass
-        over the item rows (`_messages`)."""
+        over the item rows (`_messages`; `similar`: `Lines.messages`)."""
         g = self.g if self.interp is None or self.g_anchors is None else self.g_anchors
         return _messages(
             g,
@@ -1016,6 +1020,7 @@ class KnownField:
             self.interp,
             self.columns,
             products,
+            similar,
         )
 
     def with_columns(
@@ -1073,6 +1078,7 @@ def _messages(
     interp: LevelInterpolation | None = None,
     columns: ColumnMajor | None = None,
     products: Products | None = None,
+    similar: Callable[[int], FloatArray] | None = None,
 ) -> tuple[FloatArray, FloatArray | None]:
     """`scaled_messages`, and, for queries of one user, the columns that `products` read after the
     field's (None for other queries, or when it read none). `products(vectors, cols)` reads
@@ -1114,7 +1120,7 @@ def _messages(
     if lines is not None and lines.active and t is not None:
         # `extra` is a new array of the line terms' (and with `normalized`, the normaliser's) sums: the
         # field's messages join it in place (a catalogue's (m, p) arrays are 1e6 numbers: each pass counts).
-        extra = lines.messages(t, a, b, rows, cols, normalized, columns, same_user=not own)
+        extra = lines.messages(t, a, b, rows, cols, normalized, columns, not own, similar)
         p = t.shape[1]
         extra[:, :p] += msg
         msg, owned = extra[:, :p], True
@@ -1218,8 +1224,10 @@ def user_distributions(
     decoder = np.matmul(network.user_emb[user], network.bilinear)  # (p, d): scores_j = item_emb_j . decoder
     rows = np.full(len(cols), user, dtype=np.int64)
     products: Products
+    similar = None
     if 4 * len(cols) > len(b):  # most of the catalogue (a top-N): one float32 product over the item table
         products = lambda v, c: catalogue_products(network, v, c, decoder)  # noqa: E731
+        similar = network.user_similarities  # and the users' in float32 (the same-item term's weights)
     else:
         probe = np.sqrt(2.0) * np.hstack([np.zeros((len(decoder), 1)), decoder])  # b_j . probe = unit_j . dec
 
@@ -1228,7 +1236,7 @@ def user_distributions(
             read[:, len(v) :] *= network.item_norms[c][:, None]
             return read
 
-    msg, scores = field.messages(a, b, rows, cols, lines, products)
+    msg, scores = field.messages(a, b, rows, cols, lines, products, similar)
     assert scores is not None  # one user's queries
     # |s_u - s_v| = |e_j . (dec_u - dec_v)| <= |e_j| max |dec_u - dec_v|: only the items whose norm lets
     # two levels' scores lie further apart than the floor can have a level floored (one nat to spare for
@@ -1236,7 +1244,9 @@ def user_distributions(
     spread = max(np.linalg.norm(decoder[:, None] - decoder[None], axis=-1).max(), 1e-300)
     norms = network.item_norms if in_order(cols, len(network.item_norms)) else network.item_norms[cols]
     reach = -LOG_FLOOR - np.log(len(decoder)) - 1.0
-    return posterior(np.array(scores, dtype=np.float64), msg, gamma, np.flatnonzero(norms * spread >= reach))
+    # A copy of its own for the posterior to write over: the distributions a row keeps, contiguous.
+    scores = np.array(scores, dtype=np.float64, order="C")
+    return posterior(scores, msg, gamma, np.flatnonzero(norms * spread >= reach))
 
 
 LOG_FLOOR = np.log(1e-30)
@@ -1338,6 +1348,11 @@ def baseline_mixture(
     lower, frac = _level_split(prediction, levels)
     out: np.ndarray = dist
     out *= 1.0 - weight
+    if not out.flags.c_contiguous:  # (a flat view would be a copy)
+        k = np.arange(len(lower))
+        out[k, lower] += weight * (1.0 - frac)
+        out[k, lower + 1] += weight * frac
+        return out
     flat = out.reshape(-1)
     at = np.arange(len(lower)) * len(levels) + lower
     flat[at] += weight * (1.0 - frac)

@@ -67,6 +67,10 @@ def test_level_distribution_has_the_clipped_value_as_its_expectation() -> None:
     mixed = q.copy()
     assert exact.baseline_mixture(mixed, values, levels, 0.3) is mixed
     np.testing.assert_array_equal(mixed, 0.7 * q + 0.3 * dist)
+    wide = np.hstack([q, q])  # columns of a wider array: written over all the same
+    assert exact.baseline_mixture(wide[:, :5], values, levels, 0.3) is not None
+    np.testing.assert_array_equal(wide[:, :5], 0.7 * q + 0.3 * dist)
+    np.testing.assert_array_equal(wide[:, 5:], q)
 
 
 @pytest.mark.parametrize("levels", [np.arange(1.0, 6.0), np.arange(0.5, 5.01, 0.5), np.arange(0.0, 69.0)])

@@ -685,3 +685,17 @@ def test_one_users_catalogue_floors_the_levels_the_network_all_but_rules_out(sca
     want = predict_distributions(network, scorer, q_rows, q_cols)  # log(max(probs, 1e-30))
     # Relative to each level's own size, the floored ones included (float32 products: about 1e-6 a nat).
     np.testing.assert_allclose(scorer.predict(q_rows, q_cols), want, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_user_similarities_are_the_lifted_rows_products(dtype: type) -> None:
+    rng = np.random.default_rng(12)
+    cfg = ModelConfig(n_users=30, n_items=5, levels=(1.0, 2.0, 3.0), hidden=(8, 6))
+    base = _random_network(rng, cfg)
+    network = Network(
+        cfg, (base.user_emb * rng.uniform(0.1, 10.0, (30, 1))).astype(dtype), base.item_emb, base.bilinear
+    )
+    a = network.user_lifted
+    tol = 1e-12 if dtype == np.float64 else 1e-6
+    for user in (0, 17):
+        np.testing.assert_allclose(network.user_similarities(user), a @ a[user], rtol=0, atol=tol)
