@@ -68,13 +68,18 @@ def test_factorised_messages_equal_dense(
     graph = exact.FactorizedGraph(a, b, rows, cols)
     g, h = graph.aggregate(q_prime), graph.total()
     got = exact.scaled_messages(g, h, scaling, 0.3, a, b, rows, cols)
-    s = exact.dense_similarity(a, b, rows, cols)
-    want = s @ q_prime
-    if scaling == "scaled":
-        want = want * 0.3
-    elif scaling == "normalized":
-        want = want / s.sum(axis=1, keepdims=True)
+    want = _dense_messages(exact.dense_similarity(a, b, rows, cols), q_prime, scaling, 0.3)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def _dense_messages(s: np.ndarray, q_prime: np.ndarray, scaling: str, scale: float) -> np.ndarray:
+    """The messages of a dense similarity matrix s under a scaling (`exact.scaled_messages`' definition)."""
+    want: np.ndarray = s @ q_prime
+    if scaling == "scaled":
+        return want * scale
+    if scaling == "normalized":
+        return want / s.sum(axis=1, keepdims=True)
+    return want
 
 
 def test_messages_to_entries_outside_the_graph_equal_dense() -> None:
@@ -230,12 +235,7 @@ def test_same_user_and_same_item_terms_equal_the_dense_kernel(scaling: str) -> N
     ]:
         got = exact.scaled_messages(g, h, scaling, 0.3, a, b, q_rows, q_cols, lines, q_prime)
         s = _line_kernel(a, b, rows, cols, q_rows, q_cols, 2.0, 0.5)
-        want = s @ q_prime
-        if scaling == "scaled":
-            want = want * 0.3
-        elif scaling == "normalized":
-            want = want / s.sum(axis=1, keepdims=True)
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got, _dense_messages(s, q_prime, scaling, 0.3), rtol=1e-12, atol=1e-12)
     # Without weights the terms vanish: the model's own kernel.
     off = exact.Lines(0.0, 0.0, lines.known)
     np.testing.assert_allclose(
