@@ -446,7 +446,22 @@ NOTES = """\
   MB RSS at rest / after, /predict 100 p50 2.65 ms, /recommend p50 56.9 ms, then 989-1,034 / 1,289 MB,
   1.72 ms, 52.8 ms; `9219339` 856-858 / 1,115 MB, 1.81 ms, 53.9 ms, then 858-1,027 / 1,113 MB, 1.75 ms,
   53.0 ms. /recommend misses its 50 ms target on this machine with either code; the previous artifact
-  (settings not kept) answered in 36 ms on the previous day's machine."""
+  (settings not kept) answered in 36 ms on the previous day's machine.
+- epinions-synth's serve records from `485e11e` on (2026-11-28, the next session's machine) served an
+  artifact retrained with the train record's command by `dcmc train` at `7739215` (training code as at
+  `9219339`), without a train record of its own and without a look at the test split: 10 epochs in
+  1,171 s (102-148 s each, alone), search 784 s over 100 trials, validation RMSE 0.6975 (network
+  0.8197). The table's train columns are still `9219339`'s. Serve records: `485e11e` /recommend p50
+  58.1 ms; `9d911d8` 64.5, then 55.1 and 57.9 alternating with the code before the day's catalogue
+  changes (`782b7df`: 73.1, 64.0); `abfcd6f` 52.4, 51.1 (`782b7df` alternating: 56.8, 57.3); `3b8f17e`
+  44.6, 44.5 (`782b7df` alternating: 57.9, 58.7). The `782b7df` runs ran from a second checkout, whose
+  records were not kept: their figures are these. The machine's speed drifted within the hour (the
+  same `782b7df` code 57-73 ms), hence the alternation.
+- ml-10m with less dropout, validation only (`dcmc train --dataset csv --data-dir .../ml-10m/ratings.csv
+  --split random --epochs 2 --set lr_halve_every=5 --set dropout=0.25 --no-tune`, at `3b8f17e`, alone):
+  validation RMSE 1.036 and 0.865 after epochs 1 and 2 (460 and 415 s), against 1.023 and 0.876
+  with the paper's 0.75 at `b041842`: no step towards `SVD`'s 0.62 that would change what the search finds
+  (the 4- and 14-epoch networks, 0.827 and 0.713, both ended at 0.664 after inference). Not adopted."""
 
 
 def _records() -> list[dict[str, Any]]:
