@@ -384,8 +384,10 @@ class SparseAffinity:
         return out
 
     def add_weighted_lines(self, out: FloatArray, lines: IntArray, weights: FloatArray) -> None:
-        """out += table[lines]^T weights over out's lines (size or fewer, q): only the lines' neighbours
-        are touched (a user's few items over a catalogue of 1e5: no dense (size, q) temporary)."""
+        """out += table[lines]^T weights over out's lines (size or fewer, q), from the lines' stored
+        neighbours: one bincount per column (a user's items over a catalogue of 1e5 reach 2e4 to 7e4
+        neighbour entries on the synthetic Epinions; sorting them to sum by neighbour took 2-7 times as
+        long), no (size, q) product of the sparse lines."""
         m = self.matrix
         starts = m.indptr[lines].astype(np.int64)
         owner, pos = ranges(starts, m.indptr[lines + 1].astype(np.int64) - starts)
@@ -393,13 +395,11 @@ class SparseAffinity:
         inside = neighbours < len(out)
         if not inside.all():
             owner, pos, neighbours = owner[inside], pos[inside], neighbours[inside]
-        order = np.argsort(neighbours, kind="stable")
-        if len(order) == 0:
+        if len(pos) == 0:
             return
-        neighbours = neighbours[order]
-        first = np.flatnonzero(np.r_[True, neighbours[1:] != neighbours[:-1]])
-        contrib = m.data[pos][order, None] * weights[owner[order]]
-        out[neighbours[first]] += np.add.reduceat(contrib, first, axis=0)
+        values = m.data[pos]
+        for u in range(weights.shape[1]):
+            out[:, u] += np.bincount(neighbours, weights=values * weights[owner, u], minlength=len(out))
 
     def add_line(self, out: FloatArray, line: int, weight: float) -> None:
         """out += weight table[line, :len(out)] (a table grown past `out`'s lines reads their first)."""
