@@ -672,14 +672,28 @@ def affinity_messages(
     rows: np.ndarray,
     cols: np.ndarray,
     with_total: bool = False,
+    out: FloatArray | None = None,
+    weight: float = 1.0,
 ) -> np.ndarray:
     """m[k] = sum over known l on line rows[k] of affinity[cols[k], known_other[l]] weights[l]: (K, p);
     `with_total` appends the sum of the affinities as column p. `index` groups the known entries by line:
     by row for the item table (rows = the queries' users, cols their items, known_other the known items),
     by column for the user table (the roles swapped). Up to FEW_USERS distinct lines (a request's user)
-    one matrix product per line over its block of the table, else one (query, member) pair at a time."""
-    p = weights.shape[1] + int(with_total)
+    one matrix product per line over its block of the table, else one (query, member) pair at a time.
+
+    With `out` (K, p), weight m is added into it and it is returned: one line's queries over every column
+    in order (a top-N over the catalogue) then add only the table lines of the line's known entries
+    (`add_weighted_lines`), with no (K, p) array of their own."""
     one = one_row(rows)
+    if out is not None:
+        if one is not None and in_order(cols, len(cols)):
+            members = index.order[index.indptr[one] : index.indptr[one + 1]]
+            vals = weight * member_weights(weights, members, with_total)
+            affinity.add_weighted_lines(out, known_other[members], vals)
+        else:
+            out += weight * affinity_messages(index, affinity, known_other, weights, rows, cols, with_total)
+        return out
+    p = weights.shape[1] + int(with_total)
     if one is not None and 4 * len(rows) > len(affinity):  # one user's catalogue: no scatter
         members = index.order[index.indptr[one] : index.indptr[one + 1]]
         vals = member_weights(weights, members, with_total)
@@ -881,7 +895,7 @@ class Lines:
         one = one_row(rows)
         user = one if column_terms else None
         # One user's queries over every item in order (a top-N): arrays over the catalogue are the answer
-        # as they are, and the item co-rating term adds only the neighbours of the user's items.
+        # as they are (the item co-rating term adds only the user's items' neighbours: affinity_messages).
         catalogue = one is not None and in_order(cols, known.n_items)
         # One user's queries: both column terms weigh the entry l by e[i_l] = lambda_i s_r(i, i_l) +
         # lambda_c w_u(i, i_l), one vector over the users. Read with it when the queries' columns hold
@@ -913,19 +927,15 @@ class Lines:
         if self.same_item > 0 and column_terms:
             item = line_messages(known.by_col, a, known.rows, weights, cols, a[rows], with_total)
             out += self.same_item * item
-        if self.co_rating > 0 and self.affinity is not None and catalogue:
-            assert one is not None
-            members = known.by_row.of(one)
-            vals = self.co_rating * member_weights(weights, members, with_total)
-            self.affinity.add_weighted_lines(out, known.cols[members], vals)
-        elif self.co_rating > 0 and self.affinity is not None:
-            co = affinity_messages(known.by_row, self.affinity, known.cols, weights, rows, cols, with_total)
-            out += self.co_rating * co
-        if self.co_rating_user > 0 and self.user_affinity is not None and column_terms:
-            co = affinity_messages(
-                known.by_col, self.user_affinity, known.rows, weights, cols, rows, with_total
+        if self.co_rating > 0 and self.affinity is not None:
+            affinity_messages(
+                known.by_row, self.affinity, known.cols, weights, rows, cols, with_total, out, self.co_rating
             )
-            out += self.co_rating_user * co
+        if self.co_rating_user > 0 and self.user_affinity is not None and column_terms:
+            affinity_messages(
+                known.by_col, self.user_affinity, known.rows, weights, cols, rows, with_total, out,
+                self.co_rating_user,
+            )  # fmt: skip
         return out
 
 
