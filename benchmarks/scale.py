@@ -457,7 +457,9 @@ NOTES = """\
   44.6, 44.5 (`782b7df` alternating: 57.9, 58.7); `e154672` (the same code) 57.5 and 57.9 in a slow
   spell (/predict p50 5.1 and 3.9 ms, twice its usual), then 48.0 and 47.6 (`782b7df` alternating: 58.2,
   63.4); `458ebd7` (the co-rating term's bincount) 58.9, 55.3, 55.7, 57.3, alternating with `782b7df`
-  65.5, 63.9, 76.4, 74.9, in a slow spell (/predict p50 3.0-3.8 ms). The `782b7df` runs ran from a second
+  65.5, 63.9, 76.4, 74.9, in a slow spell (/predict p50 3.0-3.8 ms); `474e7df` (the co-rating terms'
+  catalogue path moved into `affinity_messages`, the same operations) 45.3 and 46.4 (/predict 2.2-2.6
+  ms), not alternated. The `782b7df` runs ran from a second
   checkout, whose
   records were not kept: their figures are these. The machine's speed drifted within the hour (the
   same `782b7df` code 57-73 ms), hence the alternation.
