@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from model.config import ModelConfig  # noqa: E402
 from model.network import DCMC  # noqa: E402
-from training.config import TUNING_VAL_FRACTION, preset  # noqa: E402
+from training.config import TUNING_VAL_FRACTION, preset, resolve_model_settings  # noqa: E402
 from training.data import carve_validation, load_dataset  # noqa: E402
 from training.pipeline import split_overrides  # noqa: E402
 from training.trainer import (  # noqa: E402
@@ -61,10 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = replace(chosen.train, seed=args.seed, ema_decay=0.0, **train_over)
     data = load_dataset(args.dataset, data_dir, split="u1", seed=0)
     levels = tuple(float(x) for x in data.levels)
-    mc = ModelConfig(
-        n_users=data.n_users, n_items=data.n_items, levels=levels, **{**chosen.model, **model_over}
-    )
     train_entries, val = carve_validation(data.train, cfg.val_fraction, cfg.seed)
+    mc = ModelConfig(
+        n_users=data.n_users,
+        n_items=data.n_items,
+        levels=levels,
+        **resolve_model_settings({**chosen.model, **model_over}, train_entries.values),
+    )
     torch.manual_seed(cfg.seed)
     model = DCMC(mc)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

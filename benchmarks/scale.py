@@ -25,6 +25,7 @@ writes scale.md and scale-curve.png from every record):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -256,20 +257,21 @@ def cmd_steps(args: argparse.Namespace) -> None:
 
     from model.config import ModelConfig
     from model.network import DCMC as Net
-    from training.config import preset, sized_blocks
+    from training.config import preset, resolve_model_settings, sized_blocks, sized_network
     from training.data import load_dataset
     from training.trainer import RatingMatrix, block_loss, epoch_blocks, make_optimizers
 
     t0 = time.perf_counter()
     data = load_dataset("csv", args.data, split="random", seed=0)
     chosen = preset("csv")
-    cfg = chosen.train
+    sized_model, sized_train = sized_network(len(data.train))
+    cfg = dataclasses.replace(chosen.train, **sized_train)
     rows, cols = sized_blocks(cfg.block_rows, cfg.block_cols, data.n_users, data.n_items, len(data.train))
     model_cfg = ModelConfig(
         n_users=data.n_users,
         n_items=data.n_items,
         levels=tuple(float(x) for x in data.levels),
-        **chosen.model,
+        **resolve_model_settings({**chosen.model, **sized_model}, data.train.values),
     )
     torch.manual_seed(0)
     model = Net(model_cfg)
@@ -283,7 +285,15 @@ def cmd_steps(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     for block in run:
         loss, _ = block_loss(
-            model, matrix, block, levels, 0, cfg.beta, cfg.sigma2, cfg.rating_mse, cfg.input_dropout
+            model,
+            matrix,
+            block,
+            levels,
+            0,
+            cfg.beta,
+            cfg.sigma2,
+            cfg.rating_mse,
+            cfg.input_dropout,
         )
         for o in optimizers:
             o.zero_grad(set_to_none=True)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MessageScaling = Literal["sum", "normalized"]
+InputScaling = Literal["none", "sqrt", "mean"]
 
 
 class ConfigError(ValueError):
@@ -42,6 +43,13 @@ class ModelConfig:
     message_scaling: MessageScaling = "sum"
     """Messages of the mean-field layers in training and `paper` inference: summed over the nodes (`sum`,
     the paper's) or divided by sum_l s(k, l) (`normalized`, independent of how many nodes a batch holds)."""
+    input_center: float = 0.0
+    """Subtracted from every known rating a branch reads (a line's missing entries stay 0): with the
+    training mean, a rating above it pushes the first layer one way and one below it the other (paper: 0)."""
+    input_scaling: InputScaling = "none"
+    """The first layer's sum over a line's ratings as is (`none`, the paper's), divided by the square root of
+    their count (`sqrt`) or by their count (`mean`): without it a line's pre-activation grows with its number
+    of ratings, which on power-law data spans three orders of magnitude."""
 
     def __post_init__(self) -> None:
         # Plain Python numbers only, so configs serialise to JSON and checkpoints load with weights_only.
@@ -59,6 +67,8 @@ class ModelConfig:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.message_scaling not in ("sum", "normalized"):
             raise ConfigError(f"message_scaling must be 'sum' or 'normalized', got {self.message_scaling!r}")
+        if self.input_scaling not in ("none", "sqrt", "mean"):
+            raise ConfigError(f"input_scaling must be 'none', 'sqrt' or 'mean', got {self.input_scaling!r}")
         if self.gamma < 0 or self.mf_layers < 0 or self.tau <= 0:
             raise ConfigError("gamma and mf_layers must be >= 0 and tau > 0")
 

@@ -46,9 +46,14 @@ class SparseRows:
         out[torch.from_numpy(owner), torch.from_numpy(self.indices)] = self.values
         return out
 
-    def dropout(self, p: float) -> SparseRows:
-        """Dropout on the ratings (a dense row's zeros stay zero either way)."""
-        return SparseRows(self.indptr, self.indices, F.dropout(self.values, p), self.width)
+    def dropout(self, p: float, rescale: bool = True) -> SparseRows:
+        """Dropout on the ratings (a dense row's zeros stay zero either way); `rescale` False zeroes the
+        dropped ratings without scaling the others by 1 / (1 - p), for a first layer that centres or
+        normalises its input (a zero is then a missing rating: RatingInput)."""
+        if rescale:
+            return SparseRows(self.indptr, self.indices, F.dropout(self.values, p), self.width)
+        keep = torch.rand(len(self.values)) >= p
+        return SparseRows(self.indptr, self.indices, self.values * keep, self.width)
 
 
 def _csr(m: sp.csr_matrix) -> torch.Tensor:
@@ -89,22 +94,44 @@ class _SparseProduct(torch.autograd.Function):
 
 
 class RatingInput(nn.Module):
-    """The first layer of a branch, x W + b, with W stored input-major (in_dim, out_dim) so that a batch
+    """The first layer of a branch, x' W + b, with W stored input-major (in_dim, out_dim) so that a batch
     of compressed rating rows reads (and its gradient touches) only the lines of the columns it rated.
-    A dense input (ONNX export, tests) is an ordinary matrix product. Initialised as nn.Linear."""
+    A dense input (ONNX export, tests) is an ordinary matrix product, its zeros the missing ratings.
+    Initialised as nn.Linear.
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    x' is the line's known ratings minus `center`, divided by 1, sqrt(n) or n for a line of n ratings
+    (`scaling` none, sqrt, mean; ModelConfig.input_center and input_scaling); the missing entries stay 0."""
+
+    def __init__(self, in_dim: int, out_dim: int, center: float = 0.0, scaling: str = "none") -> None:
         super().__init__()
         bound = 1.0 / math.sqrt(in_dim)
         self.weight = nn.Parameter(torch.empty(in_dim, out_dim).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(out_dim).uniform_(-bound, bound))
+        self.center = float(center)
+        self.power = {"none": 0.0, "sqrt": 0.5, "mean": 1.0}[scaling]
 
     def forward(self, x: torch.Tensor | SparseRows) -> torch.Tensor:
         if isinstance(x, SparseRows):
+            values = x.values
+            if self.center or self.power:
+                # As the dense path: a zero (an input dropout's) is a missing rating, neither centred nor
+                # counted.
+                known = (values != 0).to(values.dtype)
+                values = values - self.center * known
+                if self.power:
+                    lengths = np.diff(x.indptr)
+                    owner = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))
+                    counts = torch.zeros(len(lengths)).index_add_(0, owner, known)
+                    values = values * counts.clamp_min(1.0).pow(-self.power)[owner]
             out: torch.Tensor = _SparseProduct.apply(  # type: ignore[no-untyped-call]
-                self.weight, x.indptr, x.indices, x.values
+                self.weight, x.indptr, x.indices, values
             )
             return out + self.bias
+        if self.center or self.power:
+            known = (x != 0).to(x.dtype)
+            x = x - self.center * known
+            if self.power:
+                x = x * known.sum(dim=1, keepdim=True).clamp_min(1.0).pow(-self.power)
         return torch.addmm(self.bias, x, self.weight)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -115,10 +142,13 @@ class RatingInput(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args)
 
 
-def _branch(in_dim: int, hidden: tuple[int, ...], dropout: float) -> nn.Sequential:
+def _branch(
+    in_dim: int, hidden: tuple[int, ...], dropout: float, center: float = 0.0, scaling: str = "none"
+) -> nn.Sequential:
     layers: list[nn.Module] = []
     for k, width in enumerate(hidden):
-        layers += [RatingInput(in_dim, width) if k == 0 else nn.Linear(in_dim, width), nn.BatchNorm1d(width)]
+        first = RatingInput(in_dim, width, center, scaling) if k == 0 else nn.Linear(in_dim, width)
+        layers += [first, nn.BatchNorm1d(width)]
         if k < len(hidden) - 1:  # ReLU + dropout on all but the last layer
             layers += [nn.ReLU(), nn.Dropout(dropout)]
         in_dim = width
@@ -208,8 +238,9 @@ class DCMC(nn.Module):
         super().__init__()
         self.config = config
         d = config.embedding_dim
-        self.row_branch = _branch(config.n_items, config.hidden, config.dropout)
-        self.col_branch = _branch(config.n_users, config.hidden, config.dropout)
+        inputs = (config.input_center, config.input_scaling)
+        self.row_branch = _branch(config.n_items, config.hidden, config.dropout, *inputs)
+        self.col_branch = _branch(config.n_users, config.hidden, config.dropout, *inputs)
         self.bilinear = nn.Parameter(torch.randn(config.n_levels, d, d) / d)  # (p, d, d)
         levels = torch.tensor(config.levels, dtype=torch.float32)
         self.register_buffer("levels", levels, persistent=False)

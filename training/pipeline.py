@@ -13,7 +13,14 @@ import torch.distributed as dist
 
 from model.config import ConfigError, ModelConfig
 from model.ratings import Ratings
-from training.config import BLOCK_ENTRIES, TrainConfig, preset, sized_blocks
+from training.config import (
+    BLOCK_ENTRIES,
+    TrainConfig,
+    preset,
+    resolve_model_settings,
+    sized_blocks,
+    sized_network,
+)
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
 from training.online import read_online_ratings, with_online
@@ -60,6 +67,8 @@ def _convert(key: str, raw: Any, type_name: str) -> Any:
         if type_name == "int":
             return int(raw)
         if type_name == "float":
+            if key == "input_center" and raw == "mean":
+                return raw  # the training ratings' mean, resolved by run_training
             return float(raw)
         if type_name.startswith("tuple[int"):
             return tuple(int(x) for x in raw.split(","))
@@ -109,11 +118,23 @@ def run_training(
         data, dataset_record["online_ratings"] = with_online(
             data, read_online_ratings(online_ratings, online_prefix)
         )
+    sized_model: dict[str, Any] = {}
+    if dataset == "csv" and preset_name == "default":  # a large matrix trains another network
+        sized_model, sized_train = sized_network(len(data.train))
+        if sized_model:
+            log.info("%d training ratings: the network for large matrices (%s)", len(data.train), sized_model)
+            train_cfg = replace(train_cfg, **{k: v for k, v in sized_train.items() if k not in train_over})
+    if data.val is not None:
+        train_entries, val_entries = data.train, data.val
+    elif train_cfg.val_fraction > 0:
+        train_entries, val_entries = carve_validation(data.train, train_cfg.val_fraction, train_cfg.seed)
+    else:
+        train_entries, val_entries = data.train, None
     model_cfg = ModelConfig(
         n_users=data.n_users,
         n_items=data.n_items,
         levels=tuple(float(x) for x in data.levels),
-        **{**chosen.model, **model_over},
+        **resolve_model_settings({**chosen.model, **sized_model, **model_over}, train_entries.values),
     )
     inference = chosen.inference
     if chosen.tune:
@@ -131,12 +152,6 @@ def run_training(
         if (rows, cols) != (train_cfg.block_rows, train_cfg.block_cols):
             log.info("blocks of %d x %d (%d expected ratings each)", rows, cols, BLOCK_ENTRIES)
             train_cfg = replace(train_cfg, block_rows=rows, block_cols=cols)
-    if data.val is not None:
-        train_entries, val_entries = data.train, data.val
-    elif train_cfg.val_fraction > 0:
-        train_entries, val_entries = carve_validation(data.train, train_cfg.val_fraction, train_cfg.seed)
-    else:
-        train_entries, val_entries = data.train, None
     log.info(
         "%s: %d users x %d items, %d train / %d validation / %d test ratings, %d levels",
         dataset,

@@ -144,12 +144,15 @@ def block_loss(
     """Cross-entropy of the last layer plus beta times the similarity MSE on one block, plus (when
     `rating_mse` > 0) that weight times the squared error of the expected rating, in units of the rating
     range: mean(((sum_u L_u Q_u - M) / (L_p - L_1))^2). `input_dropout` > 0 applies dropout to the rating
-    rows and columns the branches read."""
+    rows and columns the branches read (without rescaling the kept ones when the first layer centres or
+    normalises its input)."""
     node_rows = torch.from_numpy(block.node_rows)
     node_cols = torch.from_numpy(block.node_cols)
     rows, cols = matrix.sparse_rows(block.rows), matrix.sparse_cols(block.cols)
     if input_dropout > 0:
-        rows, cols = rows.dropout(input_dropout), cols.dropout(input_dropout)
+        config = getattr(model, "module", model).config  # unwrapped from DistributedDataParallel
+        rescale = config.input_center == 0 and config.input_scaling == "none"
+        rows, cols = rows.dropout(input_dropout, rescale), cols.dropout(input_dropout, rescale)
     # With beta = 0 and no mean-field layers the K x K similarities would only add zeros to the gradients
     # (and most of a block's time): they are not computed.
     # Without mean-field layers the similarities serve the loss alone: on a block of more than
@@ -311,7 +314,15 @@ def train(
         losses: list[float] = []
         for block in blocks:
             loss, _ = block_loss(
-                net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2, cfg.rating_mse, cfg.input_dropout
+                net,
+                matrix,
+                block,
+                levels,
+                mf_layers,
+                cfg.beta,
+                cfg.sigma2,
+                cfg.rating_mse,
+                cfg.input_dropout,
             )
             for o in optimizers:
                 o.zero_grad(set_to_none=True)

@@ -150,6 +150,55 @@ def test_compressed_rows_give_the_dense_rows_output_and_a_sparse_gradient_of_the
     torch.testing.assert_close(out_dense, torch.from_numpy(dense) @ layer.weight + layer.bias)
 
 
+@pytest.mark.parametrize("scaling", ["none", "sqrt", "mean"])
+@pytest.mark.parametrize("center", [0.0, 3.25])
+def test_a_centred_or_normalised_input_reads_the_same_compressed_and_dense(
+    scaling: str, center: float
+) -> None:
+    from model.network import RatingInput, SparseRows
+
+    torch.manual_seed(0)
+    layer = RatingInput(40, 5, center, scaling)
+    rng = np.random.default_rng(2)
+    dense = np.where(rng.random((7, 40)) < 0.3, rng.integers(1, 6, (7, 40)), 0).astype(np.float32)
+    dense[3] = 0.0  # a line with no ratings
+    rows, cols = np.nonzero(dense)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=7))]).astype(np.int64)
+    batch = SparseRows(indptr, cols.astype(np.int64), torch.from_numpy(dense[rows, cols]), 40)
+    # By hand: the known ratings minus the centre, over n ** power for a line of n ratings.
+    known = dense != 0
+    n = np.maximum(known.sum(1, keepdims=True), 1)
+    power = {"none": 0.0, "sqrt": 0.5, "mean": 1.0}[scaling]
+    x = np.where(known, dense - center, 0.0) / n**power
+    expected = x.astype(np.float32) @ layer.weight.detach().numpy() + layer.bias.detach().numpy()
+    with torch.no_grad():
+        np.testing.assert_allclose(layer(batch).numpy(), expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(layer(torch.from_numpy(dense)).numpy(), expected, rtol=1e-5, atol=1e-5)
+        # A rating zeroed in the compressed form (an input dropout's) is missing, as in the dense.
+        dropped = SparseRows(indptr, batch.indices, batch.values * (torch.arange(len(rows)) % 3 != 0), 40)
+        np.testing.assert_allclose(
+            layer(dropped).numpy(), layer(dropped.dense()).numpy(), rtol=1e-5, atol=1e-5
+        )
+        if center or scaling != "none":
+            assert not np.allclose(layer(dropped).numpy(), layer(batch).numpy())
+    assert layer(torch.zeros(2, 40)).isfinite().all()  # the export's dummy input: lines of no rating
+
+
+def test_unscaled_dropout_zeroes_ratings_without_touching_the_others() -> None:
+    from model.network import SparseRows
+
+    indptr = np.array([0, 3, 5], dtype=np.int64)
+    indices = np.array([0, 2, 4, 2, 3], dtype=np.int64)
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    rows = SparseRows(indptr, indices, values, 6)
+    torch.manual_seed(0)
+    kept = rows.dropout(0.5, rescale=False).values
+    assert set(kept.tolist()) - {0.0} <= set(values.tolist()) and (kept == 0).any()
+    torch.manual_seed(0)
+    scaled = rows.dropout(0.5).values
+    assert set(scaled.tolist()) - {0.0} <= {2 * v for v in values.tolist()}
+
+
 def test_weights_saved_in_the_linear_layout_load_transposed() -> None:
     from model.network import RatingInput
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 from pathlib import Path
@@ -310,3 +311,35 @@ def test_sparse_co_rating_tables_are_stored_with_the_field_and_read_back(
     for what, csr in older.tables.items():
         np.testing.assert_array_equal(csr[2], art.known_field.tables[what][2])
         assert not _mapped(csr[2])
+
+
+def test_a_centred_normalised_input_is_exported_and_centred_on_the_mean_trained_on(
+    tmp_path: Path, synthetic_csv: Path
+) -> None:
+    from training.pipeline import run_training
+
+    out = tmp_path / "centred"
+    settings = {"input_center": "mean", "input_scaling": "sqrt", "epochs": "3"}
+    run_training(
+        "csv", synthetic_csv, out, split="random", preset_name="tiny", settings=settings, progress=False
+    )
+    art = load_artifact(out)
+    assert art.config.input_scaling == "sqrt"
+    # The training ratings' mean (the artifact's train split holds the ratings trained on).
+    assert art.config.input_center == pytest.approx(float(art.train.values.mean()), abs=1e-6)
+    model = DCMC(art.config)
+    model.load_state_dict(torch.load(out / "weights.pt", weights_only=True))
+    model.eval()
+    rows, cols = _dense(art, "row"), _dense(art, "col")
+    with torch.no_grad():
+        u_torch = model.embed_rows(torch.from_numpy(rows)).numpy()
+        v_torch = model.embed_cols(torch.from_numpy(cols)).numpy()
+        plain = DCMC(dataclasses.replace(art.config, input_center=0.0, input_scaling="none"))
+        plain.load_state_dict(model.state_dict())
+        plain.eval()
+        assert not np.allclose(plain.embed_rows(torch.from_numpy(rows)).numpy(), u_torch, atol=1e-3)
+    onnx = OnnxNetwork(out)
+    np.testing.assert_allclose(onnx.embed_users(rows), u_torch, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(onnx.embed_items(cols), v_torch, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(art.user_embeddings, u_torch, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(art.item_embeddings, v_torch, atol=1e-5, rtol=1e-5)

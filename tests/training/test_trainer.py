@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -469,3 +470,34 @@ def test_base_predictions_in_chunks_equal_the_paired_expected_ratings() -> None:
         got = base_predictions(model, users, items, entries, chunk=chunk)
         assert got.shape == (len(entries),)
         assert np.allclose(got, expected, atol=1e-5)
+
+
+def test_the_csv_preset_trains_the_large_network_from_large_ratings_on(
+    tmp_path: Path, synthetic_csv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import training.config as training_config
+    from model.artifact import load_artifact
+    from training.pipeline import run_training
+
+    def trained(name: str, **settings: str) -> tuple[Any, dict[str, Any]]:
+        out = tmp_path / name
+        run_training(
+            "csv", synthetic_csv, out, split="random", settings={"epochs": "2", **settings}, progress=False,
+            tune=False,
+        )  # fmt: skip
+        return load_artifact(out), json.loads((out / "config.json").read_text())["train"]
+
+    small, small_train = trained("small")  # 1,500 ratings: the paper's network
+    assert small.config.hidden == (512, 128) and small.config.input_scaling == "none"
+    assert small.config.input_center == 0.0 and small_train["beta"] == 1.5
+    monkeypatch.setattr(training_config, "LARGE_RATINGS", 100)
+    large, large_train = trained("large")
+    assert large.config.hidden == (64,) and large.config.input_scaling == "sqrt"
+    assert large.config.input_center == pytest.approx(float(large.train.values.mean()), abs=1e-6)
+    assert large_train["beta"] == 0.0
+    # What the user sets wins over the size's choice.
+    chosen, chosen_train = trained("chosen", beta="1.5", hidden="32,16", input_center="3")
+    assert chosen.config.hidden == (32, 16) and chosen.config.input_center == 3.0
+    assert chosen.config.input_scaling == "sqrt" and chosen_train["beta"] == 1.5
