@@ -176,12 +176,15 @@ def run_training(
     )
     seconds = time.perf_counter() - t0
     last = history.epochs[-1] if history.epochs else {}
+    if history.best is not None:  # keep_best: the published network is that epoch's
+        last = next(r for r in history.epochs if r["epoch"] == history.best["epoch"])
     metrics = {
         "train_seconds": round(seconds, 2),
         "epochs": train_cfg.epochs,
         "final_loss": last.get("loss"),
         "val_rmse": last.get("val_rmse"),
         "val_mae": last.get("val_mae"),
+        "kept_epoch": last.get("epoch"),
         "n_train": len(train_entries),
         "n_val": len(val_entries or []),
         "history": history.epochs,

@@ -50,6 +50,9 @@ class History:
     """Per-epoch records of a run."""
 
     epochs: list[dict[str, float]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    """With `keep_best`: the epoch of the lowest validation RMSE so far ("epoch", "val_rmse") and the
+    published network's state then ("state")."""
 
 
 class RatingMatrix:
@@ -273,6 +276,7 @@ def train(
         if ema is not None:
             ema.load_state_dict(state["ema"])
         history.epochs = list(state["history"])
+        history.best = state.get("best")
         start_epoch = int(state["epoch"])
         if rank == 0:
             log.info("resumed from %s after epoch %d", ckpt_path, start_epoch)
@@ -350,6 +354,10 @@ def train(
                 base_predictions(scored, user_emb, item_emb, val_entries), val_entries.values
             )
         history.epochs.append(record)
+        better = history.best is None or record.get("val_rmse", math.inf) < history.best["val_rmse"]
+        if cfg.keep_best and "val_rmse" in record and better:
+            state = {k: v.detach().clone() for k, v in _published(model, ema).state_dict().items()}
+            history.best = {"epoch": epoch + 1, "val_rmse": record["val_rmse"], "state": state}
         bar.set_postfix({k: f"{v:.4f}" for k, v in record.items() if k in ("loss", "val_rmse")})
         if not progress and rank == 0:  # no bar (a log file, a batch job): one line an epoch instead
             log.info(
@@ -372,6 +380,15 @@ def train(
             on_epoch_end(record)
     bar.close()
     model = _published(model, ema)
+    if history.best is not None and history.best["epoch"] != len(history.epochs):
+        # keep_best: the network of the epoch with the lowest validation RMSE, not the last one.
+        model.load_state_dict(history.best["state"])
+        if rank == 0:
+            log.info(
+                "kept epoch %d's network (validation RMSE %.4f)",
+                history.best["epoch"],
+                history.best["val_rmse"],
+            )
     model.eval()
     for name, p in model.named_parameters():
         if not torch.isfinite(p).all():
@@ -486,6 +503,7 @@ def save_checkpoint(
             "schedulers": [sched.state_dict() for sched in schedulers],
             "epoch": epoch,
             "history": history.epochs,
+            **({} if history.best is None else {"best": history.best}),
             "model_config": model_config.to_dict(),
             "train_config": train_config.to_dict(),
         },

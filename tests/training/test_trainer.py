@@ -501,3 +501,53 @@ def test_the_csv_preset_trains_the_large_network_from_large_ratings_on(
     chosen, chosen_train = trained("chosen", beta="1.5", hidden="32,16", input_center="3")
     assert chosen.config.hidden == (32, 16) and chosen.config.input_center == 3.0
     assert chosen.config.input_scaling == "sqrt" and chosen_train["beta"] == 1.5
+
+
+@pytest.mark.parametrize("ema_decay", [0.0, 0.9])
+def test_keep_best_publishes_the_epoch_of_the_lowest_validation_rmse_also_after_a_resume(
+    synthetic_csv: Path, tmp_path: Path, ema_decay: float
+) -> None:
+    from training.trainer import base_predictions, embed_all, rmse_mae
+
+    torch.set_num_threads(1)
+    cfg, train_cfg, _ = _tiny_setup(synthetic_csv)
+    data = load_dataset("csv", synthetic_csv, split="random")
+    # A learning rate high enough that the validation RMSE rises after its best epoch.
+    train_cfg = replace(
+        train_cfg, epochs=12, lr=0.05, keep_best=True, ema_decay=ema_decay, checkpoint_every=3
+    )
+    model, matrix, hist = train(
+        cfg, train_cfg, data.train, data.val, checkpoint_dir=tmp_path / "a", progress=False
+    )
+    curve = [r["val_rmse"] for r in hist.epochs]
+    best = int(np.argmin(curve)) + 1
+    assert hist.best is not None and hist.best["epoch"] == best < len(curve)  # not the last epoch
+    users, items = embed_all(model, matrix)
+    rmse, _ = rmse_mae(base_predictions(model, users, items, data.val), data.val.values)
+    assert rmse == pytest.approx(curve[best - 1], abs=1e-6)
+    last, _, _ = train(cfg, replace(train_cfg, keep_best=False), data.train, data.val, progress=False)
+    users, items = embed_all(last, matrix)
+    rmse_last, _ = rmse_mae(base_predictions(last, users, items, data.val), data.val.values)
+    assert rmse_last == pytest.approx(curve[-1], abs=1e-6) and rmse_last > rmse
+
+    # Resumed after the best epoch, the checkpoint's best is kept.
+    def interrupt(record: dict[str, float]) -> None:
+        if record["epoch"] == 9:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            cfg,
+            train_cfg,
+            data.train,
+            data.val,
+            checkpoint_dir=tmp_path / "b",
+            progress=False,
+            on_epoch_end=interrupt,
+        )
+    resumed, _, resumed_hist = train(
+        cfg, train_cfg, data.train, data.val, checkpoint_dir=tmp_path / "b", resume=True, progress=False
+    )
+    assert resumed_hist.best is not None and resumed_hist.best["epoch"] == best
+    for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
