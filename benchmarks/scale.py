@@ -47,20 +47,25 @@ RECORDS = RESULTS / "scale.jsonl"
 DCMC = [sys.executable, "-m", "training.cli"]
 
 
-def _append(record: dict[str, Any]) -> None:
+def _code() -> str:
+    """The commit of the code measured (this file's own results, written as it runs, do not count)."""
     from loadgen import commit_label
 
+    return commit_label(
+        "model",
+        "service",
+        "training",
+        "benchmarks/scale.py",
+        "benchmarks/online.py",
+        "benchmarks/loadgen.py",
+    )
+
+
+def _append(record: dict[str, Any], code: str | None = None) -> None:
+    """Append a record; `code`: the commit read when the measurement started (a long run outlasts commits)."""
     record = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        # the code measured (this file's own results, written as it runs, do not count)
-        "commit": commit_label(
-            "model",
-            "service",
-            "training",
-            "benchmarks/scale.py",
-            "benchmarks/online.py",
-            "benchmarks/loadgen.py",
-        ),
+        "commit": code or _code(),
         **record,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -116,6 +121,7 @@ def surprise_svd(dataset: str, data: str, split: str) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    code = _code()
     out = Path(args.runs) / args.name
     argv = [
         *DCMC,
@@ -173,7 +179,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         inference=tuned.get("inference"),
         **surprise_svd(args.dataset, args.data, args.split),
     )
-    _append(record)
+    _append(record, code)
 
 
 def _worker_memory(pid: int) -> list[dict[str, float]]:
