@@ -115,6 +115,21 @@ def _tiny_setup(synthetic_csv: Path) -> tuple[ModelConfig, object, Entries]:
     return cfg, replace(p.train, epochs=4, checkpoint_every=2), data.train
 
 
+def _interrupted_and_resumed(
+    cfg: ModelConfig, train_cfg: Any, entries: Entries, val: Entries | None, ckpt: Path, after: int
+) -> tuple[DCMC, Any]:
+    """Train, stopped by an interrupt after epoch `after`, then resumed from the checkpoint to the end."""
+
+    def interrupt(record: dict[str, float]) -> None:
+        if record["epoch"] == after:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, train_cfg, entries, val, checkpoint_dir=ckpt, progress=False, on_epoch_end=interrupt)
+    resumed, _, hist = train(cfg, train_cfg, entries, val, checkpoint_dir=ckpt, resume=True, progress=False)
+    return resumed, hist
+
+
 @pytest.mark.parametrize("ema_decay", [0.0, 0.9])
 def test_resume_gives_the_same_state_as_an_uninterrupted_run(
     synthetic_csv: Path, tmp_path: Path, ema_decay: float
@@ -124,23 +139,7 @@ def test_resume_gives_the_same_state_as_an_uninterrupted_run(
     train_cfg = replace(train_cfg, ema_decay=ema_decay)
     full, _, full_hist = train(cfg, train_cfg, entries, None, checkpoint_dir=tmp_path / "a", progress=False)
 
-    def interrupt(record: dict[str, float]) -> None:
-        if record["epoch"] == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(
-            cfg,
-            train_cfg,
-            entries,
-            None,
-            checkpoint_dir=tmp_path / "b",
-            progress=False,
-            on_epoch_end=interrupt,
-        )
-    resumed, _, hist = train(
-        cfg, train_cfg, entries, None, checkpoint_dir=tmp_path / "b", resume=True, progress=False
-    )
+    resumed, hist = _interrupted_and_resumed(cfg, train_cfg, entries, None, tmp_path / "b", after=2)
     assert [r["loss"] for r in hist.epochs] == [r["loss"] for r in full_hist.epochs]
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
@@ -531,22 +530,8 @@ def test_keep_best_publishes_the_epoch_of_the_lowest_validation_rmse_also_after_
     assert rmse_last == pytest.approx(curve[-1], abs=1e-6) and rmse_last > rmse
 
     # Resumed after the best epoch, the checkpoint's best is kept.
-    def interrupt(record: dict[str, float]) -> None:
-        if record["epoch"] == 9:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(
-            cfg,
-            train_cfg,
-            data.train,
-            data.val,
-            checkpoint_dir=tmp_path / "b",
-            progress=False,
-            on_epoch_end=interrupt,
-        )
-    resumed, _, resumed_hist = train(
-        cfg, train_cfg, data.train, data.val, checkpoint_dir=tmp_path / "b", resume=True, progress=False
+    resumed, resumed_hist = _interrupted_and_resumed(
+        cfg, train_cfg, data.train, data.val, tmp_path / "b", after=9
     )
     assert resumed_hist.best is not None and resumed_hist.best["epoch"] == best
     for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values(), strict=True):
