@@ -483,7 +483,18 @@ NOTES = """\
   --split random --epochs 2 --set lr_halve_every=5 --set dropout=0.25 --no-tune`, at `3b8f17e`, alone):
   validation RMSE 1.036 and 0.865 after epochs 1 and 2 (460 and 415 s), against 1.023 and 0.876
   with the paper's 0.75 at `b041842`: no step towards `SVD`'s 0.62 that would change what the search finds
-  (the 4- and 14-epoch networks, 0.827 and 0.713, both ended at 0.664 after inference). Not adopted."""
+  (the 4- and 14-epoch networks, 0.827 and 0.713, both ended at 0.664 after inference). Not adopted.
+- ml-10m-synth at `d833823`: the csv preset's one-layer network for large matrices (64 units, centred,
+  sqrt-normalised input, no similarity loss; `benchmarks/results/network_probe.md`), 8 epochs with the
+  learning rate halved every 3 (chosen for this session's time). Validation RMSE 0.6708, 0.6539, 0.6342,
+  0.6252, 0.6215, 0.6206, 0.6240, 0.6259 after epochs 1-8, 93-107 s each (against 408-477 s for the paper's
+  network); its search found nothing better than the network alone (16 trials), so the artifact serves the
+  network; a one-thread Epinions probe ran beside the search, and the record, written after later commits,
+  was stamped with the commit at its end (`8ed8770`) and corrected by hand to `d833823`, the code it ran
+  (`scale.py` now stamps the code a run started on). The default from `8ed8770` on also publishes the best
+  epoch (`keep_best`): that would have been epoch 6 (validation 0.6206 against the last epoch's 0.6259). A
+  rerun at `0d15c93` was stopped in its second epoch (it ran beside the Epinions run at half speed and
+  would not have ended in the session): no record, no test look. The test split was scored once."""
 
 
 def _records() -> list[dict[str, Any]]:
