@@ -494,7 +494,21 @@ NOTES = """\
   (`scale.py` now stamps the code a run started on). The default from `8ed8770` on also publishes the best
   epoch (`keep_best`): that would have been epoch 6 (validation 0.6206 against the last epoch's 0.6259). A
   rerun at `0d15c93` was stopped in its second epoch (it ran beside the Epinions run at half speed and
-  would not have ended in the session): no record, no test look. The test split was scored once."""
+  would not have ended in the session): no record, no test look. The test split was scored once.
+  Served at `55684c6` (the artifact serves the network alone: /predict 100 p50 1.05 ms, /recommend 5.35 ms;
+  start-up 78 s).
+- epinions-synth at `0d15c93`: from this commit on the csv preset trains the one-layer network from 400,000
+  training ratings on, Epinions' 498,618 included (same command as before). It ran beside the stopped
+  ml-10m rerun (epochs 2-5) and the unit tests (epochs 5-8), so its epoch times (89-285 s) are upper bounds:
+  epochs 9 and 10 ran alone in 17 and 18 s. Validation RMSE 0.7695, 0.7646, then rising to 0.8413 at epoch
+  10: `keep_best` published epoch 2. Search 784 s (100 trials; it chose the same-item term, tau 6.9, 0.90 of
+  the bias baseline), validation 0.6975; test RMSE 0.6971 (network alone 0.7640), as the paper's network's
+  0.6971 (network 0.8148) at `9219339`, with a 148 MB artifact instead of 955 MB. Served at `c4c9871` (its
+  uncommitted change: this notes text) and twice at `55684c6`, one after the other: /recommend p50 54.1,
+  54.5 and 44.0 ms, /predict 100 p50 2.3, 2.6, 1.9 ms, RSS per worker 416-522 MB (the paper's network's
+  artifact: 859-1,111 MB). No artifact of the paper's network was left to alternate with, so whether the
+  64-unit embedding changed /recommend's time is not measured here; the three runs spread by the machine's
+  drift."""
 
 
 def _records() -> list[dict[str, Any]]:
