@@ -6,6 +6,7 @@ An artifact stores these next to the weights, so the weights and the architectur
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
@@ -67,6 +68,8 @@ class ModelConfig:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.message_scaling not in ("sum", "normalized"):
             raise ConfigError(f"message_scaling must be 'sum' or 'normalized', got {self.message_scaling!r}")
+        if not math.isfinite(self.input_center):
+            raise ConfigError(f"input_center must be a finite number, got {self.input_center}")
         if self.input_scaling not in ("none", "sqrt", "mean"):
             raise ConfigError(f"input_scaling must be 'none', 'sqrt' or 'mean', got {self.input_scaling!r}")
         if self.gamma < 0 or self.mf_layers < 0 or self.tau <= 0:

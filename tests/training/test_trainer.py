@@ -91,6 +91,18 @@ def test_split_overrides_routes_model_train_and_inference_settings() -> None:
         split_overrides({"gama": "1"})
     with pytest.raises(ConfigError, match="comes from the data"):
         split_overrides({"levels": "1,2"})
+    # The first layer's input: a centre (a number, or `mean` for the training mean) and a scaling.
+    assert split_overrides({"input_center": "mean", "input_scaling": "sqrt"})[0] == {
+        "input_center": "mean",
+        "input_scaling": "sqrt",
+    }
+    assert split_overrides({"input_center": "3.5"})[0] == {"input_center": 3.5}
+    with pytest.raises(ConfigError, match="input_center='median'"):
+        split_overrides({"input_center": "median"})
+    with pytest.raises(ConfigError, match="input_scaling must be"):
+        ModelConfig(n_users=2, n_items=2, levels=(1.0, 2.0), input_scaling="log")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="input_center must be a finite number"):
+        ModelConfig(n_users=2, n_items=2, levels=(1.0, 2.0), input_center=float("nan"))
 
 
 def test_level_index_picks_the_nearest_level() -> None:
