@@ -497,6 +497,11 @@ NOTES = """\
   would not have ended in the session): no record, no test look. The test split was scored once.
   Served at `55684c6` (the artifact serves the network alone: /predict 100 p50 1.05 ms, /recommend 5.35 ms;
   start-up 78 s).
+- ml-10m-synth at `0bdc295`: the same command with `keep_best` (the default from `8ed8770` on) and the search
+  cut at 300 s (it had found nothing in 900 s before; here 3 trials, none better than the network), alone on
+  the machine. Epochs of 92-104 s; the validation curve the same as at `d833823` to 4 digits; epoch 6
+  published (0.6207). Test RMSE 0.6205 against `SVD`'s 0.6168, the test split scored once for this
+  configuration (the second look at ml-10m this session, after `d833823`'s 0.6256). Served at `0bdc295`.
 - epinions-synth at `0d15c93`: from this commit on the csv preset trains the one-layer network from 400,000
   training ratings on, Epinions' 498,618 included (same command as before). It ran beside the stopped
   ml-10m rerun (epochs 2-5) and the unit tests (epochs 5-8), so its epoch times (89-285 s) are upper bounds:
