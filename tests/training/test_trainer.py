@@ -505,9 +505,9 @@ def test_the_csv_preset_trains_the_large_network_from_large_ratings_on(
     assert small.config.input_center == 0.0 and small_train["beta"] == 1.5
     monkeypatch.setattr(training_config, "LARGE_RATINGS", 100)
     large, large_train = trained("large")
-    assert large.config.hidden == (64,) and large.config.input_scaling == "sqrt"
+    assert large.config.hidden == (32,) and large.config.input_scaling == "sqrt"
     assert large.config.input_center == pytest.approx(float(large.train.values.mean()), abs=1e-6)
-    assert large_train["beta"] == 0.0
+    assert large_train["beta"] == 0.0 and large_train["lr"] == 0.005 and large_train["input_dropout"] == 0.2
     # What the user sets wins over the size's choice.
     chosen, chosen_train = trained("chosen", beta="1.5", hidden="32,16", input_center="3")
     assert chosen.config.hidden == (32, 16) and chosen.config.input_center == 3.0
