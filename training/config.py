@@ -252,7 +252,7 @@ LARGE_TRAINING: dict[str, Any] = {"beta": 0.0, "keep_best": True, "lr": 0.005, "
 """Its training: no similarity loss (faster, and more accurate on the probe above), Adam at 0.005 and a fifth
 of the input ratings dropped (on the full synthetic ml-10m, after 3 epochs, 0.6305 and 0.6341 against 0.6440
 at 0.01 without dropout), and the epoch of the lowest validation RMSE published (the full synthetic ml-10m's
-network passed its best after 6 of 8 epochs)."""
+64-unit network passed its best after 6 of 8 epochs, this one after 9 of 10)."""
 
 
 def sized_network(n_ratings: int) -> tuple[dict[str, Any], dict[str, Any]]:
