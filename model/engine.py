@@ -144,17 +144,20 @@ def catalogue_products(
     table = network.catalogue
     q = len(vectors)
     v = np.asarray(vectors[:, 1:] if raw is None else np.vstack([vectors[:, 1:], raw]), dtype=np.float32)
-    whole: np.ndarray = table @ v.T  # (m, q + r)
+    # Level-major: (q + r, m), each column of the answer contiguous (returned as its transpose, Fortran
+    # order): what reads the products reads them column by column, and numpy's loops over rows of q + r
+    # numbers cost several times more.
+    whole: np.ndarray = v @ table.T
     offsets = np.asarray(vectors[:, 0], dtype=np.float32) * np.float32(1.0 / np.sqrt(2.0))
-    for u in range(q):  # column by column: numpy's loops over rows of q numbers cost several times more
-        column = whole[:, u]
+    for u in range(q):
+        column = whole[u]
         column *= network.catalogue_scale
         column += offsets[u]
     # In float64 from here on: what reads the products adds float64 terms to them, and numpy's loops that
     # cast as they go cost several times a cast done once.
     if in_order(cols, len(table)):
-        return whole.astype(np.float64)  # the whole catalogue in order: no gather
-    out: np.ndarray = whole[cols].astype(np.float64)
+        return whole.astype(np.float64).T  # the whole catalogue in order: no gather
+    out: np.ndarray = whole[:, cols].astype(np.float64).T
     return out
 
 

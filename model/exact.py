@@ -820,7 +820,8 @@ def column_pass(columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> 
         # t_l[u] = C[label_l, u], and the total is each column's sum over the labels: one product with
         # [C | 1] (a strided write of sums @ C and a level-by-level total cost three times as long).
         compat = np.hstack([columns.compat, np.ones((p, 1))]) if with_total else columns.compat
-        out: FloatArray = sums @ compat
+        # Level-major (Fortran order): what adds to it and reads it does so column by column (a catalogue).
+        out: FloatArray = (compat.T @ sums.T).T
         return out
     levels = columns.levels if with_total else columns.levels[:-1]
     out = np.empty((levels[0].shape[0], len(levels)))
@@ -1132,7 +1133,8 @@ def _messages(
         # field's messages join it in place (a catalogue's (m, p) arrays are 1e6 numbers: each pass counts).
         extra = lines.messages(t, a, b, rows, cols, normalized, columns, not own, similar)
         p = t.shape[1]
-        extra[:, :p] += msg
+        for u in range(p):  # level by level: numpy's loops over rows of p numbers cost per row
+            extra[:, u] += msg[:, u]
         msg, owned = extra[:, :p], True
         if normalized:
             assert total is not None
@@ -1145,7 +1147,8 @@ def _messages(
     if total is not None:
         norm = np.maximum(total, 1e-12)[:, None]
         if owned:
-            msg /= norm
+            for u in range(msg.shape[1]):  # level by level, as above
+                msg[:, u] /= norm[:, 0]
             return msg, probed
         return msg / norm, probed
     return msg, probed
@@ -1254,9 +1257,11 @@ def user_distributions(
     spread = max(np.linalg.norm(decoder[:, None] - decoder[None], axis=-1).max(), 1e-300)
     norms = network.item_norms if in_order(cols, len(network.item_norms)) else network.item_norms[cols]
     reach = -LOG_FLOOR - np.log(len(decoder)) - 1.0
+    candidates = np.flatnonzero(norms * spread >= reach)
+    if similar is not None:  # a whole catalogue: level by level, the exponentials in float32
+        return catalogue_posterior(scores, msg, gamma, candidates)
     # A copy of its own for the posterior to write over: the distributions a row keeps, contiguous.
-    scores = np.array(scores, dtype=np.float64, order="C")
-    return posterior(scores, msg, gamma, np.flatnonzero(norms * spread >= reach))
+    return posterior(np.array(scores, dtype=np.float64, order="C"), msg, gamma, candidates)
 
 
 LOG_FLOOR = np.log(1e-30)
@@ -1282,6 +1287,34 @@ def posterior(
     out = softmax_inplace(scores)
     if kept is not None:
         out[floored] = softmax(np.maximum(log_softmax(kept), LOG_FLOOR) - gamma * msg[floored])
+    return out
+
+
+def catalogue_posterior(
+    scores: FloatArray, msg: FloatArray, gamma: float, candidates: IntArray
+) -> FloatArray:
+    """`posterior` of one user's whole catalogue (K, p), read-only inputs, computed level by level: a (p, K)
+    array whose rows are one level each, returned as its (K, p) transpose (Fortran order). Along a short
+    last axis numpy's loops cost per row, and float64 exponentials several times float32's: a catalogue's
+    K x p = 7e5 entries (the synthetic Epinions) took 14 ms that way. Here the p rows are contiguous, the
+    exponentials of the shifted scores (all <= 0) are taken in float32 and normalised in float64: equal to
+    `posterior` to about 1e-7 of each probability, as the catalogue's float32 products are to 1e-6."""
+    p = scores.shape[1]
+    z = np.empty((p, len(scores)))
+    for u in range(p):
+        np.multiply(msg[:, u], -gamma, out=z[u])
+        z[u] += scores[:, u]
+    z -= z.max(axis=0)
+    e = z.astype(np.float32)
+    np.exp(e, out=e)
+    z[...] = e
+    z /= z.sum(axis=0)
+    out: FloatArray = z.T
+    some = scores[candidates]
+    low = last_axis(some, np.minimum)[:, 0] - last_axis(some, np.maximum)[:, 0]
+    floored = candidates[low < LOG_FLOOR + np.log(p)]
+    if len(floored):  # rows with a level below the floor: as `posterior` writes them
+        out[floored] = softmax(np.maximum(log_softmax(scores[floored]), LOG_FLOOR) - gamma * msg[floored])
     return out
 
 

@@ -632,6 +632,26 @@ def test_the_posterior_of_decoder_scores_floors_the_levels_far_below_the_others(
     assert got[:20, 0].min() > 0.01  # without the floor e^-200 would leave that level nothing
 
 
+def test_the_catalogue_posterior_equals_the_posterior_to_float32_exponentials() -> None:
+    # One user's whole catalogue: level by level, from read-only (and here strided) inputs, exponentials in
+    # float32; the floored rows as `posterior` writes them.
+    rng = np.random.default_rng(4)
+    read = rng.normal(scale=3.0, size=(500, 8))
+    scores, msg = read[:, 3:], rng.random((500, 5))
+    scores[:20, 0] -= 200.0
+    msg[:20, 0] = -100.0
+    before = read.copy()
+    want = exact.posterior(np.array(scores), msg, 0.7)
+    got = exact.catalogue_posterior(scores, msg, 0.7, np.arange(500))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(read, before)  # the inputs are not written
+    assert got[:20, 0].min() > 0.01
+    # Only the candidates are checked for the floor: one left out keeps its unfloored level.
+    unfloored = exact.catalogue_posterior(scores, msg, 0.7, np.arange(1, 500))
+    assert unfloored[0, 0] < 1e-40 < got[0, 0]
+
+
 def test_in_order_is_every_index_once_in_order() -> None:
     assert engine.in_order(np.arange(5), 5) and engine.in_order(np.arange(0), 0)
     assert not engine.in_order(np.arange(5), 6)
