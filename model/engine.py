@@ -155,9 +155,8 @@ def catalogue_products(
         column += offsets[u]
     # In float64 from here on: what reads the products adds float64 terms to them, and numpy's loops that
     # cast as they go cost several times a cast done once.
-    if in_order(cols, len(table)):
-        return whole.astype(np.float64).T  # the whole catalogue in order: no gather
-    out: np.ndarray = whole[:, cols].astype(np.float64).T
+    picked = whole if in_order(cols, len(table)) else whole[:, cols]  # the catalogue in order: no gather
+    out: np.ndarray = picked.astype(np.float64).T
     return out
 
 
