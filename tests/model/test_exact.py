@@ -302,6 +302,10 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     a, b = np.array([0, 3, 7, 29]), np.array([5, 3, 0, 1])
     np.testing.assert_allclose(sparse.pairs(a, b), dense.pairs(a, b), atol=1e-12)
     np.testing.assert_allclose(sparse.block(a, b), dense.block(a, b), atol=1e-12)
+    # A block is read from the lines b's stored neighbours (the table is symmetric), an item asked twice
+    # included, also when each line keeps only its strongest few (below).
+    twice = np.array([3, 0, 3, 29, 7, 12])
+    np.testing.assert_allclose(sparse.block(twice, b), dense.block(twice, b), atol=1e-12)
     np.testing.assert_allclose(sparse.rows(a), dense.rows(a), atol=1e-12)
     w = np.random.default_rng(5).normal(size=(4, 3))
     np.testing.assert_allclose(sparse.weighted_lines(a, w), dense.weighted_lines(a, w), atol=1e-12)
@@ -335,6 +339,15 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     np.testing.assert_allclose(
         sparse.with_lines(lines, fresh).toarray(), dense.with_lines(lines, fresh).toarray(), atol=1e-12
     )
+    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 4)
+    few = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
+    assert isinstance(few, exact.SparseAffinity) and few.matrix.nnz < sparse.matrix.nnz
+    wide = np.arange(30)
+    np.testing.assert_array_equal(few.block(wide, wide), few.matrix.toarray())
+    np.testing.assert_array_equal(few.block(twice, b), few.matrix[twice][:, b].toarray())
+    assert few.block(twice, b[:0]).shape == (6, 0) and few.block(twice[:0], b).shape == (0, 4)
+    moved = few.with_lines(lines, fresh)  # lines replaced online stay symmetric
+    np.testing.assert_array_equal(moved.block(wide, wide), moved.matrix.toarray())
 
 
 def test_the_gram_of_dense_products_keeps_what_the_sparse_product_keeps(
