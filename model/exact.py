@@ -368,21 +368,28 @@ class SparseAffinity:
         return np.asarray(self.matrix[a, b], dtype=np.float64).reshape(-1)
 
     def block(self, a: IntArray, b: IntArray) -> FloatArray:
-        """w(a[i], b[j]): (len(a), len(b)), read from the stored neighbours of the lines b (the table is
-        symmetric: w(a_i, b_j) = w(b_j, a_i)), each looked up among the sorted distinct a. A request's 100
-        items against its user's few rated items: a few microseconds where scipy's fancy indexing of the
-        sparse table took 0.3-0.8 ms."""
+        """w(a[i], b[j]): (len(a), len(b)), read from the stored neighbours of whichever side's lines hold
+        fewer (the table is symmetric: w(a_i, b_j) = w(b_j, a_i)), each looked up among the other side's
+        sorted distinct lines. A request's 100 items against its user's rated items: tens of microseconds
+        where scipy's fancy indexing of the sparse table took 0.3-0.8 ms."""
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        held = self.matrix.indptr
+        if int((held[a + 1] - held[a]).sum()) < int((held[b + 1] - held[b]).sum()):
+            return self._lookup(a, b)
+        return self._lookup(b, a).T
+
+    def _lookup(self, lines: IntArray, others: IntArray) -> FloatArray:
+        """w(lines[i], others[j]) from the stored neighbours of `lines`: (len(lines), len(others))."""
         m = self.matrix
-        b = np.asarray(b, dtype=np.int64)
-        starts = m.indptr[b].astype(np.int64)
-        owner, pos = ranges(starts, m.indptr[b + 1].astype(np.int64) - starts)
+        starts = m.indptr[lines].astype(np.int64)
+        owner, pos = ranges(starts, m.indptr[lines + 1].astype(np.int64) - starts)
         neighbours = m.indices[pos]
-        distinct, inverse = np.unique(np.asarray(a, dtype=np.int64), return_inverse=True)
+        distinct, inverse = np.unique(others, return_inverse=True)
         at = np.minimum(np.searchsorted(distinct, neighbours), max(len(distinct) - 1, 0))
         hit = distinct[at] == neighbours if len(distinct) else np.zeros(len(neighbours), dtype=bool)
-        out: FloatArray = np.zeros((len(distinct), len(b)))
-        out[at[hit], owner[hit]] = m.data[pos[hit]]
-        return out[inverse.reshape(-1)]
+        out: FloatArray = np.zeros((len(lines), len(distinct)))
+        out[owner[hit], at[hit]] = m.data[pos[hit]]
+        return out[:, inverse.reshape(-1)]
 
     def rows(self, a: IntArray) -> FloatArray:
         """Whole lines: (len(a), size)."""
