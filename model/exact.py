@@ -376,7 +376,8 @@ class SparseAffinity:
         held = self.matrix.indptr
         if int((held[a + 1] - held[a]).sum()) < int((held[b + 1] - held[b]).sum()):
             return self._lookup(a, b)
-        return self._lookup(b, a).T
+        out: FloatArray = self._lookup(b, a).T
+        return out
 
     def _lookup(self, lines: IntArray, others: IntArray) -> FloatArray:
         """w(lines[i], others[j]) from the stored neighbours of `lines`: (len(lines), len(others))."""
