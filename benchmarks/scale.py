@@ -513,7 +513,31 @@ NOTES = """\
   54.5 and 44.0 ms, /predict 100 p50 2.3, 2.6, 1.9 ms, RSS per worker 416-522 MB (the paper's network's
   artifact: 859-1,111 MB). No artifact of the paper's network was left to alternate with, so whether the
   64-unit embedding changed /recommend's time is not measured here; the three runs spread by the machine's
-  drift."""
+  drift.
+- ml-10m-synth at `7692386`: the large-matrix network now 32 units, Adam at 0.005, `input_dropout` 0.2
+  (chosen on validation ratings: `network_probe.md`), `--epochs 10 --halve-every 3 --tune-timeout 300`, alone
+  on the machine. Epochs of 69-91 s; validation RMSE 0.6661 after epoch 1, 0.6141 at epoch 9 (published),
+  0.6156 at 10; the search (2 trials in 300 s) found nothing better than the network. Test RMSE 0.6142
+  against `SVD`'s 0.6168: the third look at ml-10m's test split in two sessions, once per configuration
+  (`d833823` 0.6256, `0bdc295` 0.6205, `7692386` 0.6142). Served at `3b7c3ad` twice (/predict 100 p50 1.78,
+  1.62 ms; /recommend 6.94, 8.04 ms) and at `13bb435` (2.57, 8.77 ms): slower than the 64-unit artifact's
+  1.04 and 4.45 ms at `0bdc295` the day before, with half the embedding. The code of then (`fc91b4e`)
+  serving this artifact on this day: 2.03 and 6.34 ms, so the machine's day, not the code, moved them (the
+  network alone answers ml-10m: nothing of the exact inference's runs).
+- epinions-synth at `7692386`: the same network and training settings, the same command as at `0d15c93`.
+  Epochs of 16-19 s alone; validation RMSE 0.7448 after epoch 1 (published; 0.7646 with the 64-unit network),
+  then rising to 0.8328 at epoch 10. The search (100 trials, 994 s) chose the same-item term with the item
+  co-rating term (gamma 3.5, tau 5.2, 0.90 of the bias baseline): validation 0.69735. Test RMSE 0.6971
+  (network alone 0.7459) against `SVD`'s 0.7115; 2.4 GB peak, a 180 MB artifact. Served at `3b7c3ad`:
+  /recommend p50 48.3 and 45.5 ms, /predict 100 4.2 and 2.9 ms (the co-rating term, not chosen before, costs
+  /predict a table lookup).
+- From `2c20e30` one user's whole catalogue is computed level-major (the catalogue products and the column
+  pass in Fortran order, the posterior level by level with float32 exponentials: `catalogue_posterior`), and
+  from `c1dae23` a request's co-rating block is read from the stored neighbours of the side that holds fewer
+  (`SparseAffinity.block`). In-process, one thread, 80 random users' whole rows of this artifact, alternating
+  three times: 42.7-47.2 ms p50 at `3b7c3ad` against 24.0-26.1 ms at `9779ffd`. Served, alternating:
+  `3b7c3ad` /recommend p50 55.3 ms (/predict 6.2), `9779ffd` 29.1 ms (4.6); then `9779ffd` 30.0 and 29.2 ms
+  (/predict 5.6, 4.8), and at `13bb435` 28.0 and 29.5 ms (/predict 3.1, 3.9). RSS per worker 306-542 MB."""
 
 
 def _records() -> list[dict[str, Any]]:
