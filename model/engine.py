@@ -136,8 +136,9 @@ def catalogue_products(
     network: Network, vectors: FloatArray, cols: IntArray, raw: FloatArray | None = None
 ) -> FloatArray:
     """out[k, u] = b_{cols[k]} . vectors[u] for the lifted item rows b_j = [1, unit_j] / sqrt(2) (the
-    exact CRF's item side, model/exact.py): (K, q) float32, followed by e_{cols[k]} . raw[r] for the item
-    embeddings themselves (the decoder's scores): (K, q + r). One product over the float32 item table
+    exact CRF's item side, model/exact.py): (K, q), followed by e_{cols[k]} . raw[r] for the item
+    embeddings themselves (the decoder's scores): (K, q + r), float64, in Fortran order (each column
+    contiguous). One product over the float32 item table
     (`Network.catalogue`: half the bytes of the float64 rows, and a map shared by the workers), with
     b_j . v = (v_0 + (e_j . v_1:) / |e_j|) / sqrt(2): what a top-N over the catalogue reads. Float32
     arithmetic: about 1e-6 of each product's size."""
