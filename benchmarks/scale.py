@@ -633,9 +633,8 @@ def _plot(curve: list[dict[str, Any]]) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax2 = ax.twinx()
-    # The ml-10m shape's sizes (100 k to 10 M ratings of one generator); the epinions shape's rows are older
-    # code's (the table keeps them).
-    # The latest record of each size (earlier ones stay in the table: the code got faster).
+    # The ml-10m shape's sizes (100 k to 10 M ratings of one generator), the latest record of each; earlier
+    # ones and the epinions shape's (older code's) stay in the table.
     latest = {r["ratings_train"]: r for r in curve if r["shape"] == "ml-10m"}
     points = sorted(latest.values(), key=lambda r: r["ratings_train"])
     x = [r["ratings_train"] for r in points]

@@ -1165,12 +1165,12 @@ def _messages(
     if scaling == "scaled":
         return msg * scale, probed
     if total is not None:
-        norm = np.maximum(total, 1e-12)[:, None]
+        norm = np.maximum(total, 1e-12)
         if owned:
             for u in range(msg.shape[1]):  # level by level, as above
-                msg[:, u] /= norm[:, 0]
+                msg[:, u] /= norm
             return msg, probed
-        return msg / norm, probed
+        return msg / norm[:, None], probed
     return msg, probed
 
 
@@ -1298,16 +1298,26 @@ def posterior(
     the softmax ignores: softmax(scores - gamma msg), without the exp, sum and log of the log-softmax. The
     other rows take the floor. `candidates`: the only rows that may have a level so far below (all when
     None). `scores` is overwritten (the caller's new array)."""
-    rows = np.arange(len(scores)) if candidates is None else candidates
-    some = scores[rows]
-    low = last_axis(some, np.minimum)[:, 0] - last_axis(some, np.maximum)[:, 0]
-    floored = rows[low < LOG_FLOOR + np.log(scores.shape[1])]
+    floored = _floored(scores, np.arange(len(scores)) if candidates is None else candidates)
     kept = scores[floored] if len(floored) else None
     scores -= gamma * msg
     out = softmax_inplace(scores)
     if kept is not None:
-        out[floored] = softmax(np.maximum(log_softmax(kept), LOG_FLOOR) - gamma * msg[floored])
+        out[floored] = _at_floor(kept, msg[floored], gamma)
     return out
+
+
+def _floored(scores: FloatArray, rows: IntArray) -> IntArray:
+    """The `rows` of `scores` (K, p) with a level's log-probability below the floor (`posterior`)."""
+    some = scores[rows]
+    low = last_axis(some, np.minimum)[:, 0] - last_axis(some, np.maximum)[:, 0]
+    out: IntArray = rows[low < LOG_FLOOR + np.log(scores.shape[1])]
+    return out
+
+
+def _at_floor(scores: FloatArray, msg: FloatArray, gamma: float) -> FloatArray:
+    """The posterior of rows reaching the floor: softmax(max(log_softmax(scores), LOG_FLOOR) - gamma msg)."""
+    return softmax(np.maximum(log_softmax(scores), LOG_FLOOR) - gamma * msg)
 
 
 def catalogue_posterior(
@@ -1330,11 +1340,9 @@ def catalogue_posterior(
     z[...] = e
     z /= z.sum(axis=0)
     out: FloatArray = z.T
-    some = scores[candidates]
-    low = last_axis(some, np.minimum)[:, 0] - last_axis(some, np.maximum)[:, 0]
-    floored = candidates[low < LOG_FLOOR + np.log(p)]
+    floored = _floored(scores, candidates)
     if len(floored):  # rows with a level below the floor: as `posterior` writes them
-        out[floored] = softmax(np.maximum(log_softmax(scores[floored]), LOG_FLOOR) - gamma * msg[floored])
+        out[floored] = _at_floor(scores[floored], msg[floored], gamma)
     return out
 
 
