@@ -538,7 +538,8 @@ NOTES = """\
   three times: 42.7-47.2 ms p50 at `3b7c3ad` against 24.0-26.1 ms at `9779ffd`. Served, alternating:
   `3b7c3ad` /recommend p50 55.3 ms (/predict 6.2), `9779ffd` 29.1 ms (4.6); then `9779ffd` 30.0 and 29.2 ms
   (/predict 5.6, 4.8), and at `13bb435` 28.0 and 29.5 ms (/predict 3.1, 3.9). RSS per worker 306-542 MB.
-  The table's serve columns: `ad9daca` (the same request code; its last commit changed a docstring).
+  Then `ad9daca` 24.2 ms (/predict 2.5) and `41ac054` 28.4 ms (3.9; the posterior's floored rows moved into
+  helpers, the same operations): the table's serve columns.
 - The ml-10m curve again at `ad9daca` (`scale.py curve --shape ml-10m --ratings 100000 300000 1000000 3000000
   --max-steps 200`, then `--csv` of the full 10 M), alone: the `csv` preset's own choice of network at each
   size, so the paper's network up to 225,000 training ratings and the 32-unit layer from 750,000 on
