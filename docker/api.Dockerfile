@@ -1,4 +1,6 @@
 # The serving image: numpy + ONNX Runtime + FastAPI; no torch and no training code.
+# tests/test_images.py builds it without a Docker engine (its COPY lines, its RUN lines in a fresh venv,
+# its command on a tiny artifact): keep every instruction plain enough for that.
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app

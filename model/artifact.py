@@ -74,7 +74,17 @@ def is_known_field_file(name: str) -> bool:
 
 
 class ArtifactError(Exception):
-    """An artifact is missing, incomplete, tampered with or of an unknown format."""
+    """An artifact is missing, incomplete, tampered with or of an unknown format. `reason` says what in
+    a few words without any path (what a public status page may show); the message says where."""
+
+    def __init__(self, message: str, reason: str = "the artifact cannot be read") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ArtifactUnavailable(ArtifactError):
+    """The artifact's files could not be verified as its manifest lists them (missing, or failing a
+    checksum). It may be one that is being written or replaced: a later try may succeed."""
 
 
 def sha256_file(path: Path) -> str:
@@ -118,31 +128,67 @@ def write_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
+def check_file_name(name: object, manifest: Path) -> None:
+    """A manifest's file name must name a plain file of the artifact directory itself: relative, one
+    component, not `.` or `..`, no path separator (ArtifactError otherwise: nothing outside is read)."""
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..", MANIFEST)
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or Path(name).is_absolute()
+    ):
+        raise ArtifactError(
+            f"{manifest} lists {name!r}: a file name must be a plain name inside the artifact",
+            "a manifest name outside the artifact",
+        )
+
+
 def verify(directory: Path) -> dict[str, Any]:
     """Check that every file listed in the manifest is present and unmodified; returns the manifest."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise ArtifactError(f"artifact directory {directory} does not exist")
+        raise ArtifactUnavailable(f"artifact directory {directory} does not exist", "no artifact directory")
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
-        raise ArtifactError(f"{manifest_path} is missing: not a DCMC artifact, or an unfinished one")
+        raise ArtifactUnavailable(
+            f"{manifest_path} is missing: not a DCMC artifact, or an unfinished one", "no manifest"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
         files = manifest["files"]
         fmt = manifest["format_version"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{manifest_path} is not a valid manifest: {exc}") from None
+        raise ArtifactUnavailable(
+            f"{manifest_path} is not a valid manifest: {exc}", "invalid manifest"
+        ) from None
     if fmt not in READABLE_FORMATS:
-        raise ArtifactError(f"{directory}: artifact format {fmt}, this code reads {READABLE_FORMATS}")
+        raise ArtifactError(
+            f"{directory}: artifact format {fmt}, this code reads {READABLE_FORMATS}",
+            f"artifact format {fmt}",
+        )
+    if not isinstance(files, dict):
+        raise ArtifactError(
+            f"{manifest_path} is not a valid manifest: `files` is not an object", "invalid manifest"
+        )
     for name, expected in files.items():
+        check_file_name(name, manifest_path)
         path = directory / name
+        if path.is_symlink():
+            raise ArtifactError(
+                f"{path} is a symbolic link: an artifact holds its own files", "a linked file"
+            )
         if not path.is_file():
-            raise ArtifactError(f"{path} is listed in the manifest but missing")
+            raise ArtifactUnavailable(
+                f"{path} is listed in the manifest but missing", "a listed file is missing"
+            )
         actual = sha256_file(path)
         if actual != expected:
-            raise ArtifactError(
+            raise ArtifactUnavailable(
                 f"{path} fails its checksum (manifest {expected[:12]}..., file {actual[:12]}...): "
-                "the artifact was modified or truncated; retrain or restore it"
+                "the artifact was modified or truncated; retrain or restore it",
+                "a file fails its checksum",
             )
     out: dict[str, Any] = manifest
     return out
@@ -175,11 +221,40 @@ class StoredField:
     every start-up: alternating sweeps over all of them)."""
 
 
+@dataclass(frozen=True)
+class ArtifactFiles:
+    """The files a verified manifest lists: the only files of an artifact that are ever opened."""
+
+    directory: Path
+    names: frozenset[str]
+
+    @classmethod
+    def present(cls, directory: Path) -> ArtifactFiles:
+        """Every file now in `directory`, unchecked: for one being written, before it has a manifest."""
+        directory = Path(directory)
+        return cls(directory, frozenset(p.name for p in directory.iterdir() if p.is_file()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def path(self, name: str) -> Path:
+        """The path of a listed file; ArtifactError for a file the manifest does not list (its bytes were
+        not checked, so it is not read)."""
+        if name not in self.names:
+            raise ArtifactError(
+                f"{self.directory}: {name} is not listed in {MANIFEST}; retrain or restore it",
+                "a file the manifest does not list",
+            )
+        return self.directory / name
+
+
 @dataclass
 class Artifact:
     """A verified artifact loaded into numpy arrays."""
 
     path: Path
+    files: ArtifactFiles
+    """The files its manifest lists and checked (`files.path(name)` opens one, e.g. an ONNX graph)."""
     model_version: str
     config: ModelConfig
     inference: InferenceConfig
@@ -253,15 +328,15 @@ def save_known_field(
     (directory / FIELD_KEY).write_text(json.dumps(key, indent=2) + "\n")
 
 
-def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> StoredField | None:
+def _load_known_field(files: ArtifactFiles, config: ModelConfig, n_known: int) -> StoredField | None:
     """The stored field and its key; None for a format-1 field (no JSON key: it is recomputed)."""
-    key_path = directory / FIELD_KEY
-    if not key_path.is_file():
+    if FIELD_KEY not in files:
         return None
+    key_path = files.path(FIELD_KEY)
     key = json.loads(key_path.read_text())
     if not isinstance(key, dict):
         raise ValueError(f"{key_path} does not hold a JSON object")
-    with np.load(directory / KNOWN_FIELD, allow_pickle=False) as z:
+    with np.load(files.path(KNOWN_FIELD), allow_pickle=False) as z:
         g, h = z["g"].astype(np.float64), z["h"].astype(np.float64)
         # A field of clamped entries never reads a stored t (it follows from the labels; artifacts written
         # before that hold one): not read, not held.
@@ -280,9 +355,9 @@ def _load_known_field(directory: Path, config: ModelConfig, n_known: int) -> Sto
             if f"{what}_indptr" in z.files  # an artifact written before the tables had their own files
         }
     for what in ("items", "users"):
-        if (directory / table_file(what, "indptr")).is_file():
+        if table_file(what, "indptr") in files:
             # Read-only maps of the files: the pages are shared by every process that maps them.
-            loaded = [np.load(directory / table_file(what, part), mmap_mode="r") for part, _ in TABLE_PARTS]
+            loaded = [np.load(files.path(table_file(what, part)), mmap_mode="r") for part, _ in TABLE_PARTS]
             tables[what] = (loaded[0], loaded[1], loaded[2])
     for what, (indptr, _, _) in tables.items():
         size = config.n_items if what == "items" else config.n_users
@@ -307,34 +382,41 @@ def read_config(directory: str | Path) -> tuple[ModelConfig, InferenceConfig]:
 
 
 def load_artifact(directory: str | Path) -> Artifact:
-    """Verify checksums and load an artifact; raises ArtifactError with a clear message."""
+    """Verify checksums and load an artifact; raises ArtifactError with a clear message.
+
+    Give it a resolved directory (`os.path.realpath` of a published link) when a publish may repoint
+    the link meanwhile: every file is then read from that one directory."""
     directory = Path(directory)
     manifest = verify(directory)
+    files = ArtifactFiles(directory, frozenset(manifest["files"]))
     try:
-        config = json.loads((directory / "config.json").read_text())
+        config = json.loads(files.path("config.json").read_text())
         model_config = ModelConfig.from_dict(config["model"])
         inference = InferenceConfig.from_dict(config.get("inference", {}))
-        users = IdMap("user", json.loads((directory / "user_ids.json").read_text()))
-        items = IdMap("item", json.loads((directory / "item_ids.json").read_text()))
-        with np.load(directory / "train_ratings.npz", allow_pickle=False) as z:
+        users = IdMap("user", json.loads(files.path("user_ids.json").read_text()))
+        items = IdMap("item", json.loads(files.path("item_ids.json").read_text()))
+        with np.load(files.path("train_ratings.npz"), allow_pickle=False) as z:
             rows, cols, values = z["rows"], z["cols"], z["values"]
-        held_path = directory / HELD_OUT
         held = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0))
-        if held_path.is_file():
-            with np.load(held_path, allow_pickle=False) as z:
+        if HELD_OUT in files:
+            with np.load(files.path(HELD_OUT), allow_pickle=False) as z:
                 held = (z["rows"], z["cols"], z["values"])
         # Read-only maps: the float32 embeddings a service keeps are shared by its workers' page cache.
-        user_emb = np.load(directory / "user_embeddings.npy", mmap_mode="r", allow_pickle=False)
-        item_emb = np.load(directory / "item_embeddings.npy", mmap_mode="r", allow_pickle=False)
-        bilinear = np.load(directory / "bilinear.npy", allow_pickle=False)
+        user_emb = np.load(files.path("user_embeddings.npy"), mmap_mode="r", allow_pickle=False)
+        item_emb = np.load(files.path("item_embeddings.npy"), mmap_mode="r", allow_pickle=False)
+        bilinear = np.load(files.path("bilinear.npy"), allow_pickle=False)
         n, m = model_config.n_users, model_config.n_items
         train = Ratings(rows, cols, values, n, m)
         held_out = Ratings(*held, n, m)
         field = None
-        if (directory / KNOWN_FIELD).is_file():
-            field = _load_known_field(directory, model_config, len(train) + len(held_out))
-    except (OSError, KeyError, ValueError, ConfigError) as exc:
-        raise ArtifactError(f"{directory}: cannot read artifact: {exc}") from None
+        if KNOWN_FIELD in files:
+            field = _load_known_field(files, model_config, len(train) + len(held_out))
+    except OSError as exc:  # a file gone since it was verified: the directory is being replaced
+        raise ArtifactUnavailable(
+            f"{directory}: cannot read artifact: {exc}", "a file went missing"
+        ) from None
+    except (KeyError, ValueError, ConfigError) as exc:
+        raise ArtifactError(f"{directory}: cannot read artifact: {exc}", "invalid contents") from None
     d, p = model_config.embedding_dim, model_config.n_levels
     expected = {
         "user_embeddings.npy": (user_emb.shape, (len(users), d)),
@@ -343,11 +425,16 @@ def load_artifact(directory: str | Path) -> Artifact:
     }
     for name, (got, want) in expected.items():
         if tuple(got) != want:
-            raise ArtifactError(f"{directory / name}: shape {tuple(got)}, config says {want}")
+            raise ArtifactError(
+                f"{directory / name}: shape {tuple(got)}, config says {want}", "invalid contents"
+            )
     if len(users) != model_config.n_users or len(items) != model_config.n_items:
-        raise ArtifactError(f"{directory}: id maps do not match the configured matrix size")
+        raise ArtifactError(
+            f"{directory}: id maps do not match the configured matrix size", "invalid contents"
+        )
     return Artifact(
         path=directory,
+        files=files,
         model_version=manifest["model_version"],
         config=model_config,
         inference=inference,

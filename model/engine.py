@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from model.config import ModelConfig
 from model.types import Array, FloatArray, IntArray
+
+if TYPE_CHECKING:
+    from model.artifact import ArtifactFiles
 
 FEW_USERS = 16
 """Up to this many distinct rows, per-row reads go row by row through matrix products."""
@@ -289,17 +292,22 @@ class OnnxNetwork:
 
     FILES = ("row_branch.onnx", "col_branch.onnx", "decoder.onnx")
 
-    def __init__(self, directory: str | Path, threads: int = 1) -> None:
+    def __init__(self, source: str | Path | ArtifactFiles, threads: int = 1) -> None:
+        """`source`: a loaded artifact's checked files (`Artifact.files`: only files its manifest lists
+        are opened), or a directory (the exporter's own, while it writes one)."""
         import onnxruntime as ort  # imported here so pure-numpy users of this module do not need it
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         providers = ["CPUExecutionProvider"]
-        directory = Path(directory)
-        self.row = ort.InferenceSession(str(directory / self.FILES[0]), opts, providers=providers)
-        self.col = ort.InferenceSession(str(directory / self.FILES[1]), opts, providers=providers)
-        self.decoder = ort.InferenceSession(str(directory / self.FILES[2]), opts, providers=providers)
+        if isinstance(source, str | Path):
+            row, col, decoder = (Path(source) / name for name in self.FILES)
+        else:
+            row, col, decoder = (source.path(name) for name in self.FILES)
+        self.row = ort.InferenceSession(str(row), opts, providers=providers)
+        self.col = ort.InferenceSession(str(col), opts, providers=providers)
+        self.decoder = ort.InferenceSession(str(decoder), opts, providers=providers)
 
     def _run(self, session: Any, feeds: dict[str, Array]) -> Array:
         out: Array = session.run(None, feeds)[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,9 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def _load(settings: Settings, metrics: Metrics, path: Path | None = None) -> Scorer:
-    """Verify and load the artifact (at `path`, default the served one), precompute, replay the online
-    ratings and follow them (runs in a thread)."""
-    artifact = load_artifact(path or settings.artifacts)  # ArtifactError stops start-up
+    """Verify and load the artifact (at `path`, default the served one, its link resolved once so that
+    every file comes from one directory), precompute, replay the online ratings and follow them (runs in
+    a thread)."""
+    artifact = load_artifact(path or os.path.realpath(settings.artifacts))  # ArtifactError stops start-up
     scorer = Scorer(artifact, settings, metrics)
     scorer.start()
     return scorer

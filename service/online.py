@@ -20,6 +20,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from model.stream import redact_url, stream_key
 from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ class RatingLog:
     """The stream of online ratings (see the module docstring)."""
 
     def __init__(self, url: str, prefix: str, timeout_s: float) -> None:
-        self.url = url
-        self.key = f"{prefix}:ratings"
+        self.shown_url = redact_url(url)  # what logs show: never the password
+        self.key = stream_key(prefix)
         self.client = _client(url, timeout_s)
         # Blocking tail reads wait TAIL_BLOCK_MS on the server: their socket waits longer than that.
         self.tail_client = _client(url, timeout_s + TAIL_BLOCK_MS / 1000)
@@ -178,12 +179,16 @@ class Follower:
                             self._apply(entries)
                     self.catch_up()
                 if not self.healthy:
-                    log.warning("Redis at %s is back; following the rating stream again", self.ratings.url)
+                    log.warning(
+                        "Redis at %s is back; following the rating stream again", self.ratings.shown_url
+                    )
                 self.healthy = True
             except redis.RedisError as exc:
                 self.metrics.redis_errors.inc()
                 if self.healthy:
-                    log.warning("Redis at %s failed (%s); serving the model as it is", self.ratings.url, exc)
+                    log.warning(
+                        "Redis at %s failed (%s); serving the model as it is", self.ratings.shown_url, exc
+                    )
                 self.healthy = False
                 self._stop.wait(self.retry_s)
             except Exception:  # a bug must not stop the thread silently

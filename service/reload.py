@@ -5,15 +5,19 @@ repoints atomically at a newly written artifact (`dcmc train --publish ARTIFACTS
 `DCMC_RELOAD_POLL_S` seconds a thread of each worker reads the manifest behind that path; when its model
 version differs from the one served, the worker
 
-1. verifies and loads the new artifact beside the old one (a broken or tampered artifact is refused with
-   one log line; the old model keeps serving, and that version is not tried again),
+1. resolves the link once and reads every file of the new artifact from that one directory (a publish
+   that repoints the link meanwhile cannot mix two runs' files), verifies and loads it beside the old one.
+   Files that cannot be verified (missing, failing a checksum: a directory being written or replaced)
+   are tried again at the next poll, with one log line per version; an artifact that verified and still
+   failed to load is refused for good (one log line; the old model keeps serving),
 2. replays onto it the online ratings it does not include (those after its snapshot of the rating
    stream), follows the stream, and warms it with one prediction,
 3. swaps it in: one reference assignment (`app.state.scorer`). Every request reads that reference once,
    so each answer comes from one model or the other, never a mixture (`model_version` says which). The
    old model stops following the stream a few seconds later, once requests that hold it are done.
 
-While a new model loads, /health reports its version as `loading_model_version`.
+While a new model loads, /health reports its version as `loading_model_version`, and after a failure
+`reload_error` says which version and why in a few words (never where the files are: that is in the log).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from model.artifact import MANIFEST, ArtifactError
+from model.artifact import MANIFEST, ArtifactError, ArtifactUnavailable
 from model.config import ConfigError
 from service.scoring import Scorer
 
@@ -56,6 +60,7 @@ class Reloader:
     def __init__(self, state: Any, path: Path, poll_s: float, load: Callable[[Path], Scorer]) -> None:
         self.state, self.path, self.poll_s, self.load = state, Path(path), poll_s, load
         self.refused: set[str] = set()
+        self._unavailable: set[str] = set()  # versions whose files could not be verified (logged once)
         self.loading: str | None = None
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -85,13 +90,14 @@ class Reloader:
         serves."""
         with self._lock:
             current: Scorer | None = getattr(self.state, "scorer", None)
-            version = manifest_version(self.path)
+            resolved = Path(os.path.realpath(self.path))  # once: every file is read from this directory
+            version = manifest_version(resolved)
             if version is None or current is None or version == current.version or version in self.refused:
                 return False
             self.loading = version
             try:
                 started = time.perf_counter()
-                new = self.load(self.path)
+                new = self.load(resolved)
                 if not new.replayed:  # Redis is down: the online ratings are not in it yet
                     new.close()
                     log.warning("model %s loaded, but the online ratings cannot be replayed yet", version)
@@ -108,14 +114,24 @@ class Reloader:
                 timer.daemon = True
                 timer.start()
                 self.last_error = None
+                self._unavailable.clear()
                 return True
-            except Exception as exc:  # whatever it is, that model does not serve
+            except ArtifactUnavailable as exc:  # perhaps a publish in progress: tried again next poll
+                self.last_error = f"model {version} not loaded yet: {exc.reason}; retrying"
+                if version not in self._unavailable:
+                    self._unavailable.add(version)
+                    log.warning(
+                        "cannot load model %s yet (%s); retrying every %.1fs", version, exc, self.poll_s
+                    )
+                return False
+            except Exception as exc:  # verified, and still it fails: that model does not serve
                 self.refused.add(version)
-                self.last_error = f"model {version} refused: {exc}"
+                reason = exc.reason if isinstance(exc, ArtifactError) else type(exc).__name__
+                self.last_error = f"model {version} refused: {reason}"
                 expected = isinstance(exc, ArtifactError | ConfigError)
                 log.error(
                     "refusing the artifact at %s (model %s): %s; still serving model %s",
-                    os.path.realpath(self.path),
+                    resolved,
                     version,
                     exc,
                     current.version,

@@ -206,7 +206,7 @@ class Scorer:
         check_inference(self.inference, self.model_config)
         self.levels = artifact.levels
         self.metrics = metrics
-        self.onnx = OnnxNetwork(artifact.path, threads=settings.onnx_threads)
+        self.onnx = OnnxNetwork(artifact.files, threads=settings.onnx_threads)
         self._onnx_lock = threading.Lock()
         self._engine_lock = threading.Lock()
         # A query's answer depends on its own entry only in `none` and `exact` (the `paper` mode's blocks

@@ -33,11 +33,29 @@ def _settings(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+FROM_ENV = "$REDIS_URL"
+"""`--online-ratings` given without a URL: read it from the environment variable REDIS_URL."""
+
+
+def _online_url(value: str | None) -> str | None:
+    """The Redis URL of `--online-ratings` (DataError when it names REDIS_URL and that is unset)."""
+    if value != FROM_ENV:
+        return value
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        raise DataError(
+            "--online-ratings without a URL reads the environment variable REDIS_URL, which is unset"
+        )
+    return url
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
     from training.pipeline import run_training
+
+    online_ratings = _online_url(args.online_ratings)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -62,7 +80,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             tune=not args.no_tune,
             tune_trials=args.tune_trials,
             tune_timeout=args.tune_timeout,
-            online_ratings=args.online_ratings,
+            online_ratings=online_ratings,
             online_prefix=args.online_prefix,
         )
     finally:
@@ -294,9 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--online-ratings",
         metavar="REDIS_URL",
+        nargs="?",
+        const=FROM_ENV,
         help="also train on the ratings the service took online (the Redis stream PREFIX:ratings at this "
-        "URL, e.g. redis://127.0.0.1:6379/0); the artifact records how far it read, and a service loading "
-        "it replays only the later ones",
+        "URL, e.g. redis://127.0.0.1:6379/0; without a URL, the one in the environment variable REDIS_URL, "
+        "which keeps a password off the command line); the artifact records how far it read, and a "
+        "service loading it replays only the later ones",
     )
     t.add_argument(
         "--online-prefix", default="dcmc", help="the service's DCMC_REDIS_KEY_PREFIX (default dcmc)"

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from model.stream import redact_url, stream_key
 from training.data import DataError, Entries, RatingSplit
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
     DataError when Redis cannot be read."""
     import redis
 
-    key = f"{prefix}:ratings"
+    key = stream_key(prefix)
     client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     latest: dict[tuple[str, str], float] = {}
     last, count = "0", 0
@@ -65,7 +66,7 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
                 latest[pair] = float(f["rating"])
             last, count = _text(page[-1][0]), count + len(page)
     except redis.RedisError as exc:
-        raise DataError(f"cannot read the online ratings from {url} ({key}): {exc}") from None
+        raise DataError(f"cannot read the online ratings from {redact_url(url)} ({key}): {exc}") from None
     finally:
         client.close()
     pairs = list(latest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,8 +13,10 @@ import pytest
 from model.artifact import (
     FIELD_KEY,
     FORMAT_VERSION,
+    HELD_OUT,
     KNOWN_FIELD,
     ArtifactError,
+    ArtifactUnavailable,
     artifact_writer,
     load_artifact,
     read_config,
@@ -21,6 +24,7 @@ from model.artifact import (
     write_manifest,
 )
 from model.config import InferenceConfig, ModelConfig
+from model.engine import OnnxNetwork
 from model.exact import ExactScorer
 from model.ratings import Ratings
 from model.scorers import artifact_scorer
@@ -83,6 +87,71 @@ def test_missing_file_and_manifest_are_refused(artifact_copy: Path, tmp_path: Pa
         load_artifact(artifact_copy)
     with pytest.raises(ArtifactError, match="does not exist"):
         load_artifact(tmp_path / "nowhere")
+
+
+def _relist(directory: Path, edit: Any) -> None:
+    """Rewrite `directory`'s manifest with `edit(files)` applied to its file list (checksums kept)."""
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest["files"])
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["../outside.npy", "/etc/hostname", "sub/x.npy", "..", ".", "", "a\\b"])
+def test_a_manifest_name_outside_the_artifact_is_refused(
+    artifact_copy: Path, tmp_path: Path, name: str
+) -> None:
+    (tmp_path / "outside.npy").write_bytes(b"not read")
+    _relist(artifact_copy, lambda files: files.update({name: "0" * 64}))
+    with pytest.raises(ArtifactError, match="a file name must be a plain name inside the artifact") as info:
+        verify(artifact_copy)
+    assert info.value.reason == "a manifest name outside the artifact"
+
+
+def test_a_linked_file_is_refused(artifact_copy: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.npy"
+    (artifact_copy / "bilinear.npy").rename(elsewhere)
+    (artifact_copy / "bilinear.npy").symlink_to(elsewhere)  # same bytes, so the same checksum
+    with pytest.raises(ArtifactError, match="is a symbolic link"):
+        load_artifact(artifact_copy)
+
+
+def test_every_file_the_loader_opens_is_listed_and_checked(artifact_copy: Path) -> None:
+    # A file on disk that the manifest does not list is never read: here the held-out ratings.
+    _relist(artifact_copy, lambda files: files.pop(HELD_OUT))
+    art = load_artifact(artifact_copy)
+    assert (artifact_copy / HELD_OUT).is_file() and len(art.held_out) == 0
+    assert HELD_OUT not in art.files and "bilinear.npy" in art.files
+    with pytest.raises(ArtifactError, match=rf"{HELD_OUT} is not listed in manifest.json"):
+        art.files.path(HELD_OUT)
+    # The ONNX graphs are opened through the listing too.
+    _relist(artifact_copy, lambda files: files.pop("decoder.onnx"))
+    with pytest.raises(ArtifactError, match=r"decoder\.onnx is not listed in manifest.json"):
+        OnnxNetwork(load_artifact(artifact_copy).files)
+    # A required file missing from the listing stops the load, even when it is on disk.
+    _relist(artifact_copy, lambda files: files.pop("bilinear.npy"))
+    with pytest.raises(ArtifactError, match=r"bilinear\.npy is not listed in manifest.json"):
+        load_artifact(artifact_copy)
+
+
+def test_a_tampered_or_missing_file_may_be_retried_and_bad_contents_not(artifact_copy: Path) -> None:
+    # ArtifactUnavailable: what a directory being written or replaced shows (the reloader retries it).
+    data = (artifact_copy / "bilinear.npy").read_bytes()
+    (artifact_copy / "bilinear.npy").write_bytes(data[:-8])
+    with pytest.raises(ArtifactUnavailable) as info:
+        load_artifact(artifact_copy)
+    assert info.value.reason == "a file fails its checksum" and "/" not in info.value.reason
+    (artifact_copy / "bilinear.npy").unlink()
+    with pytest.raises(ArtifactUnavailable, match="listed in the manifest but missing"):
+        load_artifact(artifact_copy)
+    (artifact_copy / "bilinear.npy").write_bytes(data)
+    load_artifact(artifact_copy)
+    # Verified, but wrong inside: a plain ArtifactError (refused for good).
+    np.save(artifact_copy / "bilinear.npy", np.zeros((1, 1, 1), np.float32))
+    write_manifest(artifact_copy)
+    with pytest.raises(ArtifactError, match="shape") as bad:
+        load_artifact(artifact_copy)
+    assert not isinstance(bad.value, ArtifactUnavailable) and bad.value.reason == "invalid contents"
 
 
 def test_crash_while_writing_leaves_no_artifact(tmp_path: Path) -> None:

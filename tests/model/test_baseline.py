@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from model import engine, exact
-from model.artifact import StoredField, _load_known_field
+from model.artifact import ArtifactFiles, StoredField, _load_known_field
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.engine import Network
 from model.ratings import Ratings
@@ -144,7 +144,7 @@ def test_the_artifact_keeps_the_baseline_fit_and_a_worker_reads_it_instead_of_re
     want = predict_distributions(network, scorer, rows, cols)
     scorer.save(tmp_path)
     config = ModelConfig(n_users=8, n_items=6, levels=(1, 2, 3, 4, 5), hidden=(4,))
-    stored = _load_known_field(tmp_path, config, len(known))
+    stored = _load_known_field(ArtifactFiles.present(tmp_path), config, len(known))
     assert stored is not None and stored.biases is not None
     assert (stored.biases.user_shrink, stored.biases.item_shrink) == (1.5, 4.0)
     np.testing.assert_array_equal(stored.biases.users, scorer.biases[1])

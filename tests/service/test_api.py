@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import redis
 
 from model.artifact import load_artifact
 from model.config import ConfigError
@@ -70,7 +71,7 @@ def test_similar_users_equal_a_brute_force_ranking(app: App, tiny_artifact: Path
 
 
 @pytest.mark.parametrize("over", ["process", "http"])
-def test_ops_routes(over: str, app: App, service: Service) -> None:
+def test_ops_routes(over: str, app: App, service: Service, redis_client: redis.Redis) -> None:
     api: App | Service = app if over == "process" else service
     assert api.client.get("/ready").json()["ready"] is True
     health = api.client.get("/health").json()
@@ -78,7 +79,9 @@ def test_ops_routes(over: str, app: App, service: Service) -> None:
         "status": "ok",
         "model_version": health["model_version"],
         "redis": "ok",
-        "durable": False,  # the shared test Redis keeps nothing on disk
+        # as the shared Redis is set up (test_online.py checks both ways on servers of its own)
+        "durable": (redis_client.config_get("appendonly"), redis_client.config_get("appendfsync"))
+        == ({"appendonly": "yes"}, {"appendfsync": "always"}),
         "writes": "off: no DCMC_WRITE_TOKEN",
         "online_ratings": 0,
         "loading_model_version": None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from model.artifact import write_manifest
 from service.fastpath import FastPredict, StringIds
 from service.routes.predict import answer
 from service.schemas import PredictRequest
@@ -84,6 +86,45 @@ def test_a_well_formed_request_is_answered_without_the_route(exact_app: App) -> 
         (b"content-type", b"application/json"),
         (b"content-length", str(len(sent[1]["body"])).encode()),
     ]
+
+
+@pytest.fixture(scope="module")
+def numeric_app(tiny_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny artifact with decimal ids ("3" for u3, "30" for i30): a body with integer ids is one the
+    fast path hands to the route (its ids are strict strings), which answers it as the decimal strings.
+    No cached rows, so that every answer is computed afresh by the same code."""
+    copy = Path(shutil.copytree(tiny_artifact, tmp_path_factory.mktemp("numeric") / "artifact"))
+    for name in ("user_ids.json", "item_ids.json"):
+        ids = json.loads((copy / name).read_text())
+        (copy / name).write_text(json.dumps([i[1:] for i in ids]))
+    write_manifest(copy)
+    with App(copy, inference={"mode": "exact", "kernel": {"co_rating": 50.0}}, user_cache_mb=0) as api:
+        yield api
+
+
+@pytest.mark.parametrize(
+    ("user", "items", "distribution"),
+    [(2, [1, 2, 30], True), (0, [49], False), (17, list(range(0, 50, 3)), True), (59, [5, 5, 4], False)],
+)
+def test_the_fast_path_answers_byte_for_byte_as_the_fastapi_route(
+    numeric_app: App, user: int, items: list[int], distribution: bool
+) -> None:
+    state = numeric_app.client.app.state  # type: ignore[attr-defined]
+    as_ints = json.dumps({"user": user, "items": items, "distribution": distribution}).encode()
+    as_strings = json.dumps({"user": str(user), "items": list(map(str, items)), "distribution": distribution})
+    down = Downstream()
+    _call(FastPredict(down, state), as_ints)
+    assert down.bodies == [as_ints]  # integer ids: handed to the route
+    by_route = numeric_app.client.post(
+        "/predict", content=as_ints, headers={"content-type": "application/json"}
+    )
+    assert by_route.status_code == 200, by_route.text
+    down = Downstream()
+    sent = _call(FastPredict(down, state), as_strings.encode())
+    assert down.bodies == [] and sent[0]["status"] == 200  # answered by the fast path itself
+    assert sent[1]["body"] == by_route.content
+    assert len(by_route.json()["predictions"]) == len(items)
+    assert dict(sent[0]["headers"])[b"content-type"] == by_route.headers["content-type"].encode()
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ Redis, replay at start-up, tokens, validation, and Redis failures (real redis-se
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -13,8 +14,6 @@ import pytest
 import redis
 
 from tests.service.conftest import App, RedisServer, Service
-
-pytestmark = pytest.mark.usefixtures("redis_client")  # skips without a redis-server
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -152,12 +151,20 @@ def test_writes_are_off_without_a_token(tiny_artifact: Path, durable_redis: Redi
         assert api.client.get("/health").json()["writes"] == "off: no DCMC_WRITE_TOKEN"
 
 
-def test_a_redis_without_an_fsynced_append_only_file_is_reported_not_durable(
-    tiny_artifact: Path, key_prefix: str
+def test_durability_is_read_from_the_servers_settings(
+    tiny_artifact: Path, durable_redis: RedisServer
 ) -> None:
-    with App(tiny_artifact, redis_url="redis://127.0.0.1:6379/0", redis_key_prefix=key_prefix) as api:
-        health = api.client.get("/health").json()
-        assert health["durable"] is False
+    volatile = RedisServer().start()  # no append-only file
+    try:
+        with App(tiny_artifact, redis_url=volatile.url) as api:
+            assert api.client.get("/health").json()["durable"] is False
+        redis.Redis.from_url(volatile.url).config_set("appendfsync", "everysec")
+        with App(tiny_artifact, redis_url=volatile.url) as api:
+            assert api.client.get("/health").json()["durable"] is False
+    finally:
+        volatile.kill()
+    with App(tiny_artifact, redis_url=durable_redis.url) as api:  # appendonly yes, appendfsync always
+        assert api.client.get("/health").json()["durable"] is True
 
 
 def test_redis_down_writes_503_reads_answer_and_nothing_acknowledged_is_lost(
@@ -290,3 +297,24 @@ def test_the_popular_fallback_counts_online_ratings(tiny_artifact: Path, durable
         assert api.client.post("/ratings", json={"ratings": batch}, headers=AUTH).status_code == 200
         after = api.client.get("/recommend/nobody", params={"k": 1}).json()
         assert after["fallback"] == "popular" and after["recommendations"][0]["item"] == last
+
+
+def test_a_redis_password_never_reaches_the_log(
+    tiny_artifact: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisServer(password="hunter22").start()
+    try:
+        with (
+            caplog.at_level(logging.WARNING),
+            App(tiny_artifact, redis_url=server.url, redis_retry_s=0.1) as api,
+        ):
+            assert api.client.get("/health").json()["redis"] == "ok"
+            server.kill()
+            deadline = time.monotonic() + 10
+            while "failed" not in caplog.text and time.monotonic() < deadline:
+                api.client.get("/health")
+                time.sleep(0.05)
+    finally:
+        server.kill()
+    assert f"Redis at redis://:***@127.0.0.1:{server.port}/0 failed" in caplog.text
+    assert "hunter22" not in caplog.text

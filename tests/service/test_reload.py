@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from model.artifact import ArtifactError, load_artifact, publish, write_manifest
+from service.main import _load
+from service.reload import Reloader
 from tests.service.conftest import App, RedisServer, Service
 
 TOKEN = "reload-token"
@@ -104,6 +106,7 @@ def test_a_published_artifact_is_swapped_in_with_the_online_ratings_and_a_tamper
         _wait(lambda: api.client.get("/health").json()["reload_error"] is not None)
         health = api.client.get("/health").json()
         assert "fails its checksum" in health["reload_error"] and health["model_version"] == version_b
+        assert "/" not in health["reload_error"]  # which version and why, never where the files are
         assert api.client.post("/predict", json=BODY).json()["model_version"] == version_b
 
 
@@ -162,3 +165,77 @@ def test_a_reload_under_load_fails_no_request_and_mixes_no_answers(
             np.testing.assert_allclose(ratings, reference[version], rtol=0, atol=1e-6)
     finally:
         svc.stop()
+
+
+def _reloader(api: App, load: Any) -> Reloader:
+    """A reloader of the app's served link that loads through `load(path)` (no polling thread)."""
+    state = api.client.app.state  # type: ignore[attr-defined]
+    return Reloader(state, state.settings.artifacts, 0, load)
+
+
+def test_a_publish_during_a_load_reads_every_file_from_the_directory_it_resolved(
+    artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    a2 = _variant(artifacts["a"], tmp_path / "a2", {"mode": "exact", "crf": {"gamma": 0.5}})
+    version_a2 = load_artifact(a2).model_version
+    with App(artifacts["current"], reload_poll_s=0) as api:
+        state = api.client.app.state  # type: ignore[attr-defined]
+        seen: list[Path] = []
+
+        def load(path: Path) -> Any:
+            seen.append(path)
+            if len(seen) == 1:  # B is published while A2 loads
+                publish(artifacts["b"], artifacts["current"])
+            return _load(state.settings, state.metrics, path)
+
+        reloader = _reloader(api, load)
+        publish(a2, artifacts["current"])
+        assert reloader.check()
+        assert seen == [a2.resolve()]
+        assert state.scorer.version == version_a2 and state.scorer.inference.crf.gamma == 0.5  # A2's, whole
+        assert reloader.refused == set() and reloader.last_error is None
+        assert reloader.check()  # then B, at the next poll
+        assert state.scorer.version == load_artifact(artifacts["b"]).model_version
+        assert state.scorer.inference.kernel.co_rating == 50.0
+
+
+def test_files_that_cannot_be_verified_yet_are_retried_and_a_bad_artifact_refused(
+    artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    b = artifacts["b"]
+    with App(artifacts["current"], reload_poll_s=0) as api:
+        state = api.client.app.state  # type: ignore[attr-defined]
+        loads: list[Path] = []
+
+        def load(path: Path) -> Any:
+            loads.append(path)
+            return _load(state.settings, state.metrics, path)
+
+        reloader = _reloader(api, load)
+        (b / "bilinear.npy").rename(tmp_path / "aside.npy")  # B's directory, still being written
+        publish_unverified = tmp_path / "link"
+        os.symlink(b, publish_unverified)
+        os.replace(publish_unverified, artifacts["current"])
+        assert not reloader.check() and not reloader.check()
+        assert len(loads) == 2 and reloader.refused == set()  # tried at every poll, not refused
+        health = api.client.get("/health").json()
+        assert health["reload_error"] is None  # the app's own reloader has not polled
+        assert reloader.last_error is not None and "a listed file is missing; retrying" in reloader.last_error
+        (tmp_path / "aside.npy").rename(b / "bilinear.npy")  # the write completes
+        version_b = load_artifact(b).model_version
+        assert reloader.check() and state.scorer.version == version_b and reloader.last_error is None
+        # An artifact that verifies and still cannot serve (an unknown inference mode) is refused for good.
+        bad = _variant(artifacts["a"], tmp_path / "bad", {"mode": "nonsense"})
+        publish_bad = tmp_path / "link2"
+        os.symlink(bad, publish_bad)
+        os.replace(publish_bad, artifacts["current"])
+        tries = len(loads)
+        assert not reloader.check()
+        version_bad = json.loads((bad / "manifest.json").read_text())["model_version"]
+        assert reloader.refused == {version_bad} and reloader.last_error is not None
+        assert (
+            reloader.last_error.startswith(f"model {version_bad} refused: ")
+            and "/" not in reloader.last_error
+        )
+        assert not reloader.check() and len(loads) == tries + 1  # not loaded again
+        assert state.scorer.version == version_b

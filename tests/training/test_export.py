@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from model.artifact import KNOWN_FIELD, ArtifactError, _load_known_field, load_artifact, save_known_field
+from model.artifact import (
+    KNOWN_FIELD,
+    ArtifactError,
+    ArtifactFiles,
+    _load_known_field,
+    load_artifact,
+    save_known_field,
+)
 from model.engine import Network, OnnxNetwork, expected_rating, label_probabilities, nearest_level
 from model.exact import ClampedRows, ExactScorer, FieldKey
 from model.network import DCMC
@@ -124,7 +131,7 @@ def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: 
     key, field = scorer.key, scorer.field
     assert field.t is not None and field.t.shape == (len(known), art.config.n_levels)
     save_known_field(tmp_path, key.to_json(), field.g, field.h, field.t)
-    loaded = _load_known_field(tmp_path, art.config, len(known))
+    loaded = _load_known_field(ArtifactFiles.present(tmp_path), art.config, len(known))
     assert loaded is not None and FieldKey.from_json(loaded.key) == key
     # pseudo-count, user term, shrinkage
     assert (key.co_rating_prior, key.co_rating_user, key.co_rating_shrink) == (0.2, 2.0, 4.0)
@@ -136,7 +143,7 @@ def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: 
     save_known_field(
         tmp_path / "untruncated", plain.key.to_json(), plain.field.g, plain.field.h, plain.field.t
     )
-    again = _load_known_field(tmp_path / "untruncated", art.config, len(known))
+    again = _load_known_field(ArtifactFiles.present(tmp_path / "untruncated"), art.config, len(known))
     from_stored = _exact_scorer(network, known, untruncated, again)
     assert from_stored.field_source == "artifact" and from_stored.field.interp is not None
     fresh = _exact_scorer(network, known, lines_cfg, loaded)
@@ -150,7 +157,7 @@ def test_known_field_with_line_terms_round_trips(tiny_artifact: Path, tmp_path: 
     # Distributions of another number of known entries are refused.
     np.savez(tmp_path / KNOWN_FIELD, g=field.g, h=field.h, t=field.t[1:])
     with pytest.raises(ValueError, match="t has shape"):
-        _load_known_field(tmp_path, art.config, len(known))
+        _load_known_field(ArtifactFiles.present(tmp_path), art.config, len(known))
 
 
 def test_a_stored_field_missing_the_line_terms_distributions_is_refused_or_recomputed(
@@ -163,7 +170,7 @@ def test_a_stored_field_missing_the_line_terms_distributions_is_refused_or_recom
     scorer = _exact_scorer(network, known, lines_cfg)
     save_known_field(tmp_path, scorer.key.to_json(), scorer.field.g, scorer.field.h, None)
     try:
-        loaded = _load_known_field(tmp_path, art.config, len(known))
+        loaded = _load_known_field(ArtifactFiles.present(tmp_path), art.config, len(known))
     except (ValueError, ArtifactError):
         return  # refused at load
     served = _exact_scorer(network, known, lines_cfg, loaded)
@@ -189,12 +196,12 @@ def test_a_clamped_field_stores_no_distributions_and_serves_from_its_labels(
     scorer.save(tmp_path)
     with np.load(tmp_path / KNOWN_FIELD) as z:
         assert sorted(z.files) == ["g", "h"]
-    loaded = _load_known_field(tmp_path, art.config, len(known))
+    loaded = _load_known_field(ArtifactFiles.present(tmp_path), art.config, len(known))
     served = _exact_scorer(network, known, cfg, loaded)
     assert served.field_source == "artifact" and isinstance(served.field.t, ClampedRows)
     # An artifact written before this stored t: it is not read.
     np.savez(tmp_path / KNOWN_FIELD, g=scorer.field.g, h=scorer.field.h, t=scorer.compat[labels])
-    older = _load_known_field(tmp_path, art.config, len(known))
+    older = _load_known_field(ArtifactFiles.present(tmp_path), art.config, len(known))
     assert older is not None and older.t is None
     assert _exact_scorer(network, known, cfg, older).field_source == "artifact"
     rows = np.concatenate([art.train.rows[:6], np.full(art.config.n_items, 2)])  # many users, one's catalogue
@@ -306,7 +313,7 @@ def test_sparse_co_rating_tables_are_stored_with_the_field_and_read_back(
     for path in out.glob("co_rating_*.npy"):
         path.unlink()
     (tmp_path / "field.npz").replace(out / KNOWN_FIELD)
-    older = _load_known_field(out, art.config, len(art.known()))
+    older = _load_known_field(ArtifactFiles.present(out), art.config, len(art.known()))
     assert older is not None and set(older.tables) == {"items", "users"}
     for what, csr in older.tables.items():
         np.testing.assert_array_equal(csr[2], art.known_field.tables[what][2])

@@ -80,6 +80,44 @@ def test_the_stream_is_read_whole_with_re_ratings_replacing(redis_server: RedisS
         read_online_ratings("redis://127.0.0.1:1/0", timeout_s=0.5)
 
 
+def test_a_password_redis_is_read_from_redis_url_and_its_password_never_shown(
+    tmp_path: Path, synthetic_csv: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = RedisServer(password="pa55word").start()
+    try:
+        redis.Redis.from_url(server.url).xadd("dcmc:ratings", {"user": "zed", "item": "i1", "rating": "5.0"})
+        with pytest.raises(DataError, match=r"NOAUTH|Authentication|authenticated"):  # no password: refused
+            read_online_ratings(f"redis://127.0.0.1:{server.port}/0", timeout_s=2)
+        wrong = f"redis://:wr0ng-pa55@127.0.0.1:{server.port}/0"
+        with pytest.raises(DataError) as info:
+            read_online_ratings(wrong, timeout_s=2)
+        assert "wr0ng-pa55" not in str(info.value) and ":***@127.0.0.1" in str(info.value)
+        # `--online-ratings` without a URL reads REDIS_URL (the compose retrainer's way).
+        from training.cli import main
+
+        monkeypatch.delenv("REDIS_URL", raising=False)
+        argv = ["train", "--dataset", "csv", "--data-dir", str(synthetic_csv), "--split", "random"]
+        argv += [
+            "--preset",
+            "tiny",
+            "--no-tune",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "a"),
+            "--online-ratings",
+        ]
+        assert main(argv) == 2
+        assert "REDIS_URL, which is unset" in capsys.readouterr().err
+        monkeypatch.setenv("REDIS_URL", server.url)
+        assert main(argv) == 0
+        artifact = load_artifact(tmp_path / "a")
+        assert "zed" in artifact.users and artifact.meta["dataset"]["online_ratings"]["ratings"] == 1
+        assert "pa55word" not in (tmp_path / "a" / "config.json").read_text()
+        assert "pa55word" not in "".join(capsys.readouterr())
+    finally:
+        server.kill()
+
+
 def test_a_service_on_the_retrained_artifact_replays_only_the_later_ratings(
     synthetic_csv: Path, tmp_path: Path, redis_server: RedisServer
 ) -> None:
