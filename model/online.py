@@ -121,6 +121,21 @@ class FoldIn:
         """Users known so far: the artifact's, then the new ones in order of their first rating."""
         return len(self._users)
 
+    @property
+    def new_users(self) -> int:
+        """Users the artifact did not have that ratings introduced (being folded in included)."""
+        return len(self._users) - self.artifact.config.n_users
+
+    @property
+    def new_items(self) -> int:
+        """Items the artifact did not have that ratings introduced (being folded in included)."""
+        return len(self._items) - self.artifact.config.n_items
+
+    def unseen(self, users: Sequence[str], items: Sequence[str]) -> tuple[set[str], set[str]]:
+        """The user and item ids among these that neither the artifact nor any rating folded in (or being
+        folded in) has: those a rating would add."""
+        return set(users) - self._user_index.keys(), set(items) - self._item_index.keys()
+
     def user_index(self, user: str) -> int | None:
         """The index of an external user id in the published state, or None when no rating of it is known
         (a user being folded in right now becomes known once its state is published)."""

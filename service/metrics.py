@@ -57,6 +57,11 @@ class Metrics:
             ["event"],
             registry=self.registry,
         )
+        self.entries_skipped = Counter(
+            "dcmc_stream_entries_skipped",
+            "Rating stream entries this worker could not apply (poison: copied to the dead-letter stream).",
+            registry=self.registry,
+        )
         self.redis_errors = Counter(
             "dcmc_redis_errors",
             "Redis calls that failed (reads went on with the model as it was).",

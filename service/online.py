@@ -11,6 +11,7 @@ of Redis (`durability` reports whether the server is set up so).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,20 @@ class Entry:
     rating: float
 
 
+@dataclass(frozen=True)
+class Poison:
+    """A stream entry that cannot be applied (a missing field, a bad value): skipped, copied to the
+    dead-letter stream, counted and reported."""
+
+    id: str
+    fields: dict[str, str]
+    reason: str
+
+
+MAX_ID_LENGTH = 256
+"""Longest user or item id an entry may carry (what POST /ratings accepts)."""
+
+
 def _client(url: str, timeout_s: float) -> redis.Redis:
     return redis.Redis.from_url(
         url,
@@ -63,10 +78,13 @@ def _client(url: str, timeout_s: float) -> redis.Redis:
 class RatingLog:
     """The stream of online ratings (see the module docstring)."""
 
-    def __init__(self, url: str, prefix: str, timeout_s: float) -> None:
+    def __init__(self, url: str, prefix: str, timeout_s: float, write_timeout_s: float | None = None) -> None:
         self.shown_url = redact_url(url)  # what logs show: never the password
         self.key = stream_key(prefix)
+        self.dead_key = f"{self.key}:dead-letter"
         self.client = _client(url, timeout_s)
+        # Writes wait for an fsync: a socket timeout of their own (`write_timeout_s`).
+        self.write_client = _client(url, write_timeout_s or timeout_s)
         # Blocking tail reads wait TAIL_BLOCK_MS on the server: their socket waits longer than that.
         self.tail_client = _client(url, timeout_s + TAIL_BLOCK_MS / 1000)
 
@@ -87,14 +105,28 @@ class RatingLog:
 
     def append(self, ratings: Sequence[tuple[str, str, float]]) -> str:
         """Append (user, item, rating) triples as one transaction; returns the last entry's id. Raises
-        redis.RedisError when Redis fails, and then nothing of the batch was applied."""
-        pipe = self.client.pipeline(transaction=True)
+        redis.RedisError when Redis fails: `stored_unknown(exc)` says whether the batch may have been stored
+        (all of it or nothing: a transaction)."""
+        pipe = self.write_client.pipeline(transaction=True)
         for user, item, rating in ratings:
             pipe.xadd(self.key, {"user": user, "item": item, "rating": repr(float(rating))})
         ids = pipe.execute()
         return _text(ids[-1])
 
-    def read(self, after: str, *, block_ms: int | None = None) -> list[Entry]:
+    def dead_letter(self, poison: Poison) -> bool:
+        """Copy a poison entry to the dead-letter stream `<prefix>:ratings:dead-letter` under its own id,
+        with the reason; False when it is there already (another worker, or an earlier run, copied it:
+        stream ids only grow, so Redis refuses the same id twice). Raises redis.RedisError."""
+        fields = {**{f"field:{k}": v for k, v in poison.fields.items()}, "reason": poison.reason}
+        try:
+            self.client.xadd(self.dead_key, fields, id=poison.id)  # type: ignore[arg-type]
+        except redis.ResponseError as exc:
+            if "equal or smaller" in str(exc):
+                return False
+            raise
+        return True
+
+    def read(self, after: str, *, block_ms: int | None = None) -> list[Entry | Poison]:
         """Entries after the id `after` ("0" = from the start), at most READ_CHUNK; `block_ms` waits for
         new ones (the tail)."""
         if block_ms is None:
@@ -111,16 +143,59 @@ class RatingLog:
     def close(self) -> None:
         """Release the connections."""
         self.client.close()
+        self.write_client.close()
         self.tail_client.close()
+
+
+def stored_unknown(exc: redis.RedisError) -> bool:
+    """Whether a failed `append` may have stored its batch: its transaction reached Redis and no answer
+    came back (a timeout, or the connection lost while waiting). Not when it could not connect, nor send."""
+    if isinstance(exc, redis.TimeoutError):
+        return True
+    if isinstance(exc, redis.ConnectionError):
+        text = str(exc)
+        return not ("connecting to" in text or "writing to socket" in text)
+    return False
+
+
+def stream_order(entry_id: str) -> tuple[int, int]:
+    """A stream id "ms-seq" as a pair that sorts as Redis orders ids."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry:
-    f = {_text(k): _text(v) for k, v in fields.items()}
-    return Entry(_text(entry_id), f["user"], f["item"], float(f["rating"]))
+def _text_or_none(value: bytes | str) -> str | None:
+    try:
+        return _text(value)
+    except UnicodeDecodeError:
+        return None
+
+
+def _entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | Poison:
+    """A stream entry as an Entry, or as Poison saying what is wrong with it."""
+    eid = _text(entry_id)
+    decoded = {_text_or_none(k): _text_or_none(v) for k, v in fields.items()}
+    f = {k: v for k, v in decoded.items() if k is not None and v is not None}
+    shown = {k: v[:MAX_ID_LENGTH] for k, v in f.items()}
+    if len(f) != len(decoded) or None in decoded.values():
+        return Poison(eid, shown, "a field that is not UTF-8")
+    missing = [name for name in ("user", "item", "rating") if name not in f]
+    if missing:
+        return Poison(eid, shown, f"no {', '.join(missing)} field")
+    for name in ("user", "item"):
+        if not 0 < len(f[name]) <= MAX_ID_LENGTH:
+            return Poison(eid, shown, f"{name} id of {len(f[name])} characters (1 to {MAX_ID_LENGTH})")
+    try:
+        rating = float(f["rating"])
+    except ValueError:
+        return Poison(eid, shown, "rating is not a number")
+    if not math.isfinite(rating):
+        return Poison(eid, shown, "rating is not finite")
+    return Entry(eid, f["user"], f["item"], rating)
 
 
 class Follower:
@@ -133,10 +208,19 @@ class Follower:
         apply: Callable[[list[Entry]], None],
         metrics: Metrics,
         retry_s: float,
+        check: Callable[[list[Entry]], list[Poison]] = lambda entries: [],
     ) -> None:
+        """`apply(entries)` folds entries in; `check(entries)` first says which of them the model cannot
+        take (e.g. a rating off its levels), as Poison."""
         self.ratings, self.apply, self.metrics, self.retry_s = ratings, apply, metrics, retry_s
+        self.check = check
+        self.on_recover: Callable[[], object] = lambda: None
+        """Called (by the tail thread) when Redis answers again after a failure."""
         self.last = "0"
         self.healthy = True
+        self.skipped = 0
+        """Entries skipped as poison (`Poison`) by this worker."""
+        self.last_skipped: Poison | None = None
         self._lock = threading.Lock()  # one reader applies at a time, in stream order
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,11 +233,43 @@ class Follower:
                 total += self._apply(entries)
         return total
 
-    def _apply(self, entries: list[Entry]) -> int:
-        """Apply entries that follow the last one applied (the caller holds the lock)."""
-        self.apply(entries)
+    def _apply(self, entries: list[Entry | Poison]) -> int:
+        """Apply entries that follow the last one applied (the caller holds the lock). Poison entries are
+        copied to the dead-letter stream, logged once (by whichever worker copies them first), counted and
+        skipped; a Redis failure while copying leaves `last` where it was (the batch is read again)."""
+        valid = [e for e in entries if isinstance(e, Entry)]
+        poison = [e for e in entries if isinstance(e, Poison)] + self.check(valid)
+        refused = {p.id for p in poison}
+        for bad in sorted(poison, key=lambda p: stream_order(p.id)):
+            if self.ratings.dead_letter(bad):
+                log.error(
+                    "stream entry %s of %s cannot be applied (%s): skipped, copied to %s",
+                    bad.id,
+                    self.ratings.key,
+                    bad.reason,
+                    self.ratings.dead_key,
+                )
+            self.skipped += 1
+            self.last_skipped = bad
+            self.metrics.entries_skipped.inc()
+        valid = [e for e in valid if e.id not in refused]
+        if valid:
+            try:
+                self.apply(valid)
+            except Exception:  # a bug, not the data: find the entries it fails on, skip only those
+                log.exception("folding in %d stream entries failed; applying them one at a time", len(valid))
+                for entry in valid:
+                    try:
+                        self.apply([entry])
+                    except Exception as exc:
+                        fields = {"user": entry.user, "item": entry.item, "rating": repr(entry.rating)}
+                        bad = Poison(entry.id, fields, f"fold-in failed: {type(exc).__name__}: {exc}")
+                        self.ratings.dead_letter(bad)
+                        self.skipped += 1
+                        self.last_skipped = bad
+                        self.metrics.entries_skipped.inc()
         self.last = entries[-1].id
-        self.metrics.ratings_applied.inc(len(entries))
+        self.metrics.ratings_applied.inc(len(entries) - len(poison))
         return len(entries)
 
     def start(self) -> None:
@@ -182,6 +298,7 @@ class Follower:
                     log.warning(
                         "Redis at %s is back; following the rating stream again", self.ratings.shown_url
                     )
+                    self.on_recover()
                 self.healthy = True
             except redis.RedisError as exc:
                 self.metrics.redis_errors.inc()

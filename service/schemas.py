@@ -139,6 +139,14 @@ class Health(BaseModel):
     )
     writes: str | None = Field(default=None, description="`enabled`, or why POST /ratings is off.")
     online_ratings: int | None = Field(default=None, description="Online ratings this worker has applied.")
+    skipped_entries: int | None = Field(
+        default=None,
+        description="Rating stream entries this worker could not apply (a missing field, a bad value): "
+        "skipped and copied to the dead-letter stream `<prefix>:ratings:dead-letter`.",
+    )
+    last_skipped_entry: dict[str, str] | None = Field(
+        default=None, description="The last of them: its stream `id` and the `reason`."
+    )
     loading_model_version: str | None = Field(
         default=None, description="A new artifact's model version while this worker loads it (hot reload)."
     )

@@ -29,7 +29,7 @@ from model.ratings import Ratings
 from model.scorers import check_inference
 from model.types import Array
 from service.metrics import Metrics
-from service.online import Durability, Entry, Follower, RatingLog
+from service.online import Durability, Entry, Follower, Poison, RatingLog
 from service.settings import Settings, inference_overrides
 
 log = logging.getLogger(__name__)
@@ -195,6 +195,10 @@ class UserRows:
         return len(self._rows)
 
 
+class NotDurable(Exception):
+    """A write refused because DCMC_REQUIRE_DURABLE is set and Redis would not keep it through a crash."""
+
+
 class Scorer:
     """Answers rating and similarity queries for one artifact, and takes ratings online."""
 
@@ -225,14 +229,23 @@ class Scorer:
             f", known field {source}" if source else "",
         )
         self.retry_s = settings.redis_retry_s
+        self.settings = settings
+        self._durability_checked = 0.0
         self.ratings: RatingLog | None = None
         self.follower: Follower | None = None
         self.durability = Durability(False, "no Redis configured (REDIS_URL): online ratings are off")
         self.replayed = settings.redis_url is None
         self._last_probe = 0.0
         if settings.redis_url:
-            self.ratings = RatingLog(settings.redis_url, settings.redis_key_prefix, settings.redis_timeout_s)
-            self.follower = Follower(self.ratings, self._apply, metrics, settings.redis_retry_s)
+            self.ratings = RatingLog(
+                settings.redis_url,
+                settings.redis_key_prefix,
+                settings.redis_timeout_s,
+                settings.redis_write_timeout_s,
+            )
+            self.follower = Follower(
+                self.ratings, self._apply, metrics, settings.redis_retry_s, check=self._check
+            )
             # Replay only what the artifact was not trained on (`dcmc train --online-ratings`).
             self.follower.last = artifact.online_snapshot(self.ratings.key)
 
@@ -242,16 +255,26 @@ class Scorer:
         replay is retried by the follower, and /ready answers 503 until it has succeeded."""
         if self.ratings is None or self.follower is None:
             return
+        self.follower.on_recover = self.refresh_durability
         try:
-            self.durability = self.ratings.durability()
+            self.refresh_durability()
             count = self.follower.catch_up()
             self.replayed = True
             log.info("replayed %d online ratings", count)
         except redis.RedisError as exc:
             log.error("cannot replay the online ratings yet (%s); not ready until Redis answers", exc)
-        if not self.durability.durable:
-            log.warning("Redis is not durable: %s", self.durability.detail)
         self.follower.start()
+
+    def refresh_durability(self) -> Durability:
+        """Read the server's persistence settings again (at start-up, when Redis comes back, and on a
+        write refused for want of them); a warning when they do not keep acknowledged writes."""
+        assert self.ratings is not None
+        self._durability_checked = time.monotonic()
+        durability = self.ratings.durability()
+        if not durability.durable and durability != self.durability:
+            log.warning("Redis is not durable: %s", durability.detail)
+        self.durability = durability
+        return durability
 
     def close(self) -> None:
         """Stop following the stream and release Redis connections."""
@@ -282,6 +305,16 @@ class Scorer:
         with self._onnx_lock:
             return self.onnx.embed_items(cols)
 
+    def _check(self, entries: list[Entry]) -> list[Poison]:
+        """The entries this model cannot fold in: a rating that is not one of its levels."""
+        ratings = np.fromiter((e.rating for e in entries), dtype=np.float64, count=len(entries))
+        on_level = np.isclose(ratings[:, None], self.levels[None, :], rtol=0, atol=1e-9).any(axis=1)
+        return [
+            Poison(e.id, {"user": e.user, "item": e.item, "rating": repr(e.rating)}, "rating off the levels")
+            for e, ok in zip(entries, on_level.tolist(), strict=True)
+            if not ok
+        ]
+
     def _apply(self, entries: list[Entry]) -> None:
         """Fold stream entries into the model (the follower calls it, in stream order)."""
         # No engine lock: requests go on with the state they took while the next one is built.
@@ -296,6 +329,11 @@ class Scorer:
         RuntimeError when online ratings are off."""
         if self.ratings is None or self.follower is None:
             raise RuntimeError("online ratings need Redis: set REDIS_URL")
+        if self.settings.require_durable and not self.durability.durable:
+            if time.monotonic() - self._durability_checked >= 1.0:  # perhaps fixed since: read again
+                self.refresh_durability()
+            if not self.durability.durable:
+                raise NotDurable(self.durability.detail)
         last = self.ratings.append(ratings)
         self.metrics.ratings_written.inc(len(ratings))
         try:

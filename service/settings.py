@@ -30,6 +30,20 @@ class Settings(BaseSettings):
     """First part of every Redis key: the rating stream is `<prefix>:ratings`."""
     redis_timeout_s: float = Field(default=0.25, gt=0)
     """Socket timeout of every Redis call; a slower Redis counts as down."""
+    redis_write_timeout_s: float = Field(default=2.0, gt=0)
+    """Socket timeout of a write (POST /ratings). Redis with `appendfsync always` answers once the write is
+    fsynced, which a slow or busy disk can take tens of milliseconds or more to do; past this the outcome
+    is unknown, and the 503 says that the batch may have been stored (retrying is safe)."""
+    require_durable: bool = False
+    """Refuse writes (503, saying why) while Redis does not keep them through a crash (`appendonly yes`
+    and `appendfsync always`); checked at start-up, when Redis comes back, and on a refused write (at most
+    once a second). docker-compose.yml sets it."""
+    max_new_users: int = Field(default=10_000, ge=0)
+    """How many users the artifact does not know POST /ratings may create (each one grows every worker's
+    tables); a batch that would pass it gets 422 and nothing of it is stored."""
+    max_new_items: int = Field(default=1_000, ge=0)
+    """The same for items the artifact does not know (predicted by the bias baseline until a trained user
+    rates one)."""
     redis_retry_s: float = Field(default=1.0, gt=0)
     """After a Redis failure, the stream follower waits this long before trying again (and 503s say
     `Retry-After` this many seconds, rounded up)."""

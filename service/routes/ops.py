@@ -34,6 +34,7 @@ async def health(request: Request) -> Response:
     else:
         writes = "enabled" if settings.write_token is not None else "off: no DCMC_WRITE_TOKEN"
     reloader = request.app.state.reloader
+    follower = scorer.follower
     # A dict in Health's shape (its OpenAPI entry documents it): the pydantic model costs more than the rest
     # of this route, and load balancers poll it.
     body = {
@@ -43,6 +44,12 @@ async def health(request: Request) -> Response:
         "durable": scorer.durability.durable,
         "writes": writes,
         "online_ratings": scorer.fold.state.applied,
+        "skipped_entries": follower.skipped if follower is not None else 0,
+        "last_skipped_entry": (
+            {"id": last.id, "reason": last.reason}
+            if follower is not None and (last := follower.last_skipped) is not None
+            else None
+        ),
         "loading_model_version": reloader.loading if reloader is not None else None,
         "reload_error": reloader.last_error if reloader is not None else None,
     }

@@ -15,7 +15,10 @@ from starlette.concurrency import run_in_threadpool
 
 from service.deps import ScorerDep, SettingsDep
 from service.errors import too_long
+from service.online import stored_unknown
 from service.schemas import ExternalId
+from service.scoring import NotDurable, Scorer
+from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +75,15 @@ def _authorize(token: str | None, authorization: str | None) -> None:
     responses={
         401: {"description": "Missing or wrong bearer token"},
         403: {"description": "Writes are off (no DCMC_WRITE_TOKEN)"},
-        404: {"description": "Unknown item ids (all listed)"},
-        422: {"description": "Empty, oversized or mistyped batch, or a rating off the model's levels"},
-        503: {"description": "Redis is unavailable: nothing of the batch was stored (see Retry-After)"},
+        422: {
+            "description": "Empty, oversized or mistyped batch, a rating off the model's levels, or more new "
+            "users or items than DCMC_MAX_NEW_USERS / DCMC_MAX_NEW_ITEMS allow (nothing stored)"
+        },
+        503: {
+            "description": "Not stored, or not known to be: Redis is unavailable (nothing stored), did not "
+            "answer in time (the batch may have been stored; retrying it is safe), or is not durable while "
+            "DCMC_REQUIRE_DURABLE is set (nothing stored). The detail says which; see Retry-After."
+        },
     },
 )
 async def post_ratings(
@@ -84,8 +93,10 @@ async def post_ratings(
     authorization: Annotated[str | None, Header()] = None,
 ) -> RatingsResponse:
     """Store ratings durably in Redis, then fold them into the model: every later answer for these users,
-    from any worker of any replica on the same Redis, includes them. A user id never seen before becomes
-    a user from its first rating on; items must be the model's."""
+    from any worker of any replica on the same Redis, includes them. A user id the model has never seen
+    becomes a user from its first rating on, and an item id it has never seen a new item (predicted by
+    the bias baseline until a user the model was trained on rates it), up to DCMC_MAX_NEW_USERS and
+    DCMC_MAX_NEW_ITEMS in all; a batch that would pass either is refused whole (422)."""
     token = settings.write_token.get_secret_value() if settings.write_token is not None else None
     _authorize(token, authorization)
     ratings = body.ratings
@@ -103,19 +114,58 @@ async def post_ratings(
     ]
     if off:
         raise HTTPException(status_code=422, detail=off)
+    _check_new_ids(scorer, settings, ratings)
     batch = [(r.user, r.item, _snap(r.rating, levels)) for r in ratings]
+    retry = {"Retry-After": str(max(1, math.ceil(scorer.retry_s)))}
     try:
         last = await run_in_threadpool(scorer.write, batch)
     except redis.RedisError as exc:
+        if stored_unknown(exc):
+            log.warning("POST /ratings: no answer from Redis (%s); the batch may have been stored", exc)
+            raise HTTPException(
+                status_code=503,
+                detail="Redis did not answer in time: this batch may or may not have been stored. Retrying "
+                "it is safe (a rating of the same user and item replaces the earlier one)",
+                headers=retry,
+            ) from None
         log.warning("POST /ratings: Redis failed (%s); nothing stored", exc)
         raise HTTPException(
             status_code=503,
             detail="Redis is unavailable; nothing of this batch was stored, retry later",
-            headers={"Retry-After": str(max(1, math.ceil(scorer.retry_s)))},
+            headers=retry,
+        ) from None
+    except NotDurable as exc:
+        raise HTTPException(
+            status_code=503,
+            detail=f"writes are refused while Redis is not durable (DCMC_REQUIRE_DURABLE): {exc}; nothing "
+            "of this batch was stored",
+            headers=retry,
         ) from None
     except RuntimeError as exc:
         raise HTTPException(status_code=503, detail=str(exc)) from None
     return RatingsResponse(accepted=len(batch), last_id=last, model_version=scorer.version)
+
+
+def _check_new_ids(scorer: Scorer, settings: Settings, ratings: list[RatingIn]) -> None:
+    """422 when the batch would take the users or items the model did not have past their limits."""
+    users, items = scorer.fold.unseen([r.user for r in ratings], [r.item for r in ratings])
+    errors = []
+    for kind, unseen, so_far, limit, variable in (
+        ("users", users, scorer.fold.new_users, settings.max_new_users, "DCMC_MAX_NEW_USERS"),
+        ("items", items, scorer.fold.new_items, settings.max_new_items, "DCMC_MAX_NEW_ITEMS"),
+    ):
+        if unseen and so_far + len(unseen) > limit:
+            shown = ", ".join(map(repr, sorted(unseen)[:20])) + (" ..." if len(unseen) > 20 else "")
+            errors.append(
+                {
+                    "loc": ["body", "ratings"],
+                    "type": f"too_many_new_{kind}",
+                    "msg": f"{len(unseen)} new {kind} ({shown}) would pass the limit of {limit} new {kind} "
+                    f"({variable}; {so_far} so far): nothing of this batch was stored",
+                }
+            )
+    if errors:
+        raise HTTPException(status_code=422, detail=errors)
 
 
 def _snap(rating: float, levels: np.ndarray) -> float:

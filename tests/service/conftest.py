@@ -134,12 +134,17 @@ class RedisServer:
     file fsynced on every write in that directory, as the compose file runs it."""
 
     def __init__(
-        self, port: int | None = None, directory: Path | None = None, password: str | None = None
+        self,
+        port: int | None = None,
+        directory: Path | None = None,
+        password: str | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.port}/0"
         self.directory = directory
         self.password = password
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RedisServer:
@@ -148,6 +153,7 @@ class RedisServer:
             persistence = ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)]
         if self.password:
             persistence += ["--requirepass", self.password]
+        persistence += list(self.extra)
         self.proc = subprocess.Popen(
             [
                 "redis-server",

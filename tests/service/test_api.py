@@ -84,6 +84,8 @@ def test_ops_routes(over: str, app: App, service: Service, redis_client: redis.R
         == ({"appendonly": "yes"}, {"appendfsync": "always"}),
         "writes": "off: no DCMC_WRITE_TOKEN",
         "online_ratings": 0,
+        "skipped_entries": 0,
+        "last_skipped_entry": None,
         "loading_model_version": None,
         "reload_error": None,
     }

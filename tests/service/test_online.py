@@ -4,6 +4,7 @@ Redis, replay at start-up, tokens, validation, and Redis failures (real redis-se
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -318,3 +319,164 @@ def test_a_redis_password_never_reaches_the_log(
         server.kill()
     assert f"Redis at redis://:***@127.0.0.1:{server.port}/0 failed" in caplog.text
     assert "hunter22" not in caplog.text
+
+
+def test_a_poison_entry_is_skipped_dead_lettered_and_reported(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    stream = redis.Redis.from_url(durable_redis.url, decode_responses=True)
+    stream.xadd("dcmc:ratings", {"user": "early", "item": "i1", "rating": "4.0"})
+    poison = {
+        stream.xadd("dcmc:ratings", {"user": "u1", "item": "i2"}): "no rating field",
+        stream.xadd("dcmc:ratings", {"user": "u1", "item": "i2", "rating": "4.5"}): "rating off the levels",
+        stream.xadd("dcmc:ratings", {"user": "u1", "item": "i2", "rating": "nan"}): "rating is not finite",
+        stream.xadd("dcmc:ratings", {"user": "", "item": "i2", "rating": "3"}): "user id of 0 characters",
+    }
+    stream.xadd("dcmc:ratings", {"user": "late", "item": "i3", "rating": "2.0"})
+    with _app(tiny_artifact, durable_redis) as api:  # start-up replays past them
+        assert api.client.get("/ready").status_code == 200
+        for user in ("early", "late"):
+            assert api.client.post("/predict", json={"user": user, "items": ["i1"]}).status_code == 200
+        health = api.client.get("/health").json()
+        assert health["status"] == "ok" and health["online_ratings"] == 2 and health["skipped_entries"] == 4
+        last = list(poison)[-1]
+        assert health["last_skipped_entry"] == {"id": last, "reason": "user id of 0 characters (1 to 256)"}
+        assert api.metric("dcmc_stream_entries_skipped_total") == 4
+        dead = stream.xrange("dcmc:ratings:dead-letter")
+        assert [i for i, _ in dead] == list(poison)
+        for (_, fields), reason in zip(dead, poison.values(), strict=True):
+            assert fields["reason"].startswith(reason)
+        assert dead[0][1] == {"field:user": "u1", "field:item": "i2", "reason": "no rating field"}
+        # One written while the service runs: skipped, and the ratings after it still apply.
+        stream.xadd("dcmc:ratings", {"user": "u1", "rating": "3"})
+        r = api.client.post("/ratings", json=_ratings("newbie", [("i1", 5)]), headers=AUTH)
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 5
+        while api.client.post("/predict", json={"user": "newbie", "items": ["i1"]}).status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert api.client.get("/health").json()["skipped_entries"] == 5
+    with _app(tiny_artifact, durable_redis) as again:  # a restart skips them again, copies none twice
+        assert again.client.get("/health").json()["skipped_entries"] == 5
+        assert stream.xlen("dcmc:ratings:dead-letter") == 5
+        assert again.client.post("/predict", json={"user": "newbie", "items": ["i2"]}).status_code == 200
+
+
+def test_writes_wait_for_a_durable_redis_when_required(tiny_artifact: Path) -> None:
+    volatile = RedisServer().start()  # no append-only file
+    try:
+        with _app(tiny_artifact, volatile, require_durable=True) as api:
+            r = api.client.post("/ratings", json=_ratings("u1", [("i1", 4)]), headers=AUTH)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert "not durable" in r.json()["detail"] and "appendonly=no" in r.json()["detail"]
+            assert redis.Redis.from_url(volatile.url).xlen("dcmc:ratings") == 0
+            reads = api.client.post("/predict", json={"user": "u1", "items": ITEMS})
+            assert reads.status_code == 200  # reads are not refused
+            # Once Redis is made durable, the next refused write reads its settings again (once a second).
+            server = redis.Redis.from_url(volatile.url)
+            server.config_set("appendonly", "yes")
+            server.config_set("appendfsync", "always")
+            time.sleep(1.05)
+            r = api.client.post("/ratings", json=_ratings("u1", [("i1", 4)]), headers=AUTH)
+            assert r.status_code == 200, r.text
+            assert api.client.get("/health").json()["durable"] is True
+        with _app(tiny_artifact, volatile) as relaxed:  # not required: a non-durable Redis takes writes
+            server.config_set("appendonly", "no")
+            assert (
+                relaxed.client.post("/ratings", json=_ratings("u2", [("i1", 4)]), headers=AUTH).status_code
+                == 200
+            )
+    finally:
+        volatile.kill()
+
+
+class SlowReplies:
+    """A TCP proxy in front of a Redis that forwards requests at once and, while `delay_s` is set, holds
+    Redis's replies that long: Redis has done the write, the client has not heard (a stalled network or
+    a slow fsync, as the client sees it)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.delay_s = 0.0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if replies and self.delay_s:
+                    time.sleep(self.delay_s)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_write_redis_does_not_answer_in_time_is_a_503_that_says_it_may_be_stored(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    proxy = SlowReplies(durable_redis.port)
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    try:
+        with App(tiny_artifact, redis_url=url, write_token=TOKEN, redis_write_timeout_s=0.3) as api:
+            warm = api.client.post("/ratings", json=_ratings("u1", [("i1", 5)]), headers=AUTH)
+            assert warm.status_code == 200  # the write connection is open: the next batch goes out at once
+            proxy.delay_s = 1.0
+            r = api.client.post("/ratings", json=_ratings("slowpoke", [("i1", 5)]), headers=AUTH)
+            proxy.delay_s = 0.0
+            assert r.status_code == 503, r.text
+            detail = r.json()["detail"]
+            assert "may or may not have been stored" in detail and "Retrying it is safe" in detail
+            stream = redis.Redis.from_url(durable_redis.url)
+            assert stream.xlen("dcmc:ratings") == 2  # it was: the answer had to say "unknown"
+            r = api.client.post("/ratings", json=_ratings("slowpoke", [("i1", 5)]), headers=AUTH)  # the retry
+            assert r.status_code == 200, r.text
+            deadline = time.monotonic() + 10
+            while api.client.post("/predict", json={"user": "slowpoke", "items": ["i1"]}).status_code != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            body = api.client.post("/predict", json={"user": "slowpoke", "items": ITEMS}).json()
+            assert body["online_ratings"] == 1  # the same pair twice: one rating
+    finally:
+        proxy.close()
+
+
+def test_new_users_and_items_are_taken_up_to_their_limits(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis, max_new_users=2, max_new_items=1) as api:
+        ok = _ratings("n1", [("i1", 4), ("gadget", 5)])
+        ok["ratings"].append({"user": "n2", "item": "i2", "rating": 3})
+        assert api.client.post("/ratings", json=ok, headers=AUTH).status_code == 200
+        stored = redis.Redis.from_url(durable_redis.url).xlen("dcmc:ratings")
+        r = api.client.post("/ratings", json=_ratings("n3", [("i1", 4)]), headers=AUTH)
+        assert r.status_code == 422
+        (error,) = r.json()["detail"]
+        assert (
+            error["type"] == "too_many_new_users"
+            and "DCMC_MAX_NEW_USERS" in error["msg"]
+            and "'n3'" in error["msg"]
+        )
+        r = api.client.post("/ratings", json=_ratings("n1", [("widget", 4), ("i3", 2)]), headers=AUTH)
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "too_many_new_items"
+        assert redis.Redis.from_url(durable_redis.url).xlen("dcmc:ratings") == stored  # nothing of either
+        # Known ids (the artifact's, or those added before) are never limited.
+        again = _ratings("n2", [("gadget", 2), ("i4", 1)])
+        again["ratings"].append({"user": "u7", "item": "gadget", "rating": 5})
+        assert api.client.post("/ratings", json=again, headers=AUTH).status_code == 200
