@@ -26,8 +26,8 @@ once and sees one consistent model.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
@@ -70,6 +70,9 @@ class OnlineState:
     branch could embed it); the others are predicted by `baseline`."""
     biases: tuple[float, np.ndarray, np.ndarray]
     """The bias baseline's (mu, user biases, item biases) that predicts items without an embedding."""
+    online: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+    """user -> item -> the user's latest online rating of it, for the ratings this state includes (every
+    item and user index in it exists in this state)."""
 
     def baseline(self, user: int, items: IntArray) -> np.ndarray:
         """The bias baseline's ratings mu + b_user + c_j: (K,)."""
@@ -136,39 +139,39 @@ class FoldIn:
         folded in) has: those a rating would add."""
         return set(users) - self._user_index.keys(), set(items) - self._item_index.keys()
 
-    def user_index(self, user: str) -> int | None:
-        """The index of an external user id in the published state, or None when no rating of it is known
-        (a user being folded in right now becomes known once its state is published)."""
+    def user_index(self, user: str, state: OnlineState | None = None) -> int | None:
+        """The index of an external user id in `state` (default the published one), or None when it has no
+        rating there (a user being folded in right now becomes known once its state is published)."""
         i = self._user_index.get(user)
-        return i if i is not None and i < self.state.network.n_users else None
+        return i if i is not None and i < (state or self.state).network.n_users else None
 
     def user_id(self, index: int) -> str:
         """The external id of a user index."""
         return self._users[index]
 
-    def item_index(self, item: str) -> int | None:
-        """The index of an external item id in the published state (the artifact's, then new ones), or
-        None."""
+    def item_index(self, item: str, state: OnlineState | None = None) -> int | None:
+        """The index of an external item id in `state` (default the published one; the artifact's items,
+        then new ones), or None."""
         j = self._item_index.get(item)
-        return j if j is not None and j < len(self.state.embedded) else None
+        return j if j is not None and j < len((state or self.state).embedded) else None
 
-    def item_indices(self, items: Sequence[str]) -> IntArray:
+    def item_indices(self, items: Sequence[str], state: OnlineState | None = None) -> IntArray:
         """`item_index` of each id, -1 where it is None: (K,) int64."""
         found = np.fromiter(map(self._item_index.get, items, repeat(-1)), dtype=np.int64, count=len(items))
-        found[found >= len(self.state.embedded)] = -1
+        found[found >= len((state or self.state).embedded)] = -1
         return found
 
     def item_id(self, index: int) -> str:
         """The external id of an item index."""
         return self._items[index]
 
-    def online_count(self, user: int) -> int:
-        """How many items the user rated online."""
-        return len(self._online.get(user, ()))
+    def online_count(self, user: int, state: OnlineState | None = None) -> int:
+        """How many items the user rated online, in `state` (default the published one)."""
+        return len((state or self.state).online.get(user, ()))
 
-    def online_items(self, user: int) -> list[int]:
-        """The items the user rated online."""
-        return list(self._online.get(user, ()))
+    def online_items(self, user: int, state: OnlineState | None = None) -> list[int]:
+        """The items the user rated online, in `state` (default the published one)."""
+        return list((state or self.state).online.get(user, ()))
 
     def apply(self, ratings: Sequence[tuple[str, str, float]]) -> None:
         """Fold in (external user id, external item id, rating) triples, in order; later ones win."""
@@ -207,6 +210,7 @@ class FoldIn:
                 old.applied + len(ratings),
                 self._embedded.copy(),
                 (self._mu, self._b.copy(), self._c.copy()),
+                dict(self._online),  # the inner dicts are never changed, only replaced
             )
 
     def _known(self, users: IntArray) -> Ratings:

@@ -4,7 +4,8 @@ prediction from a cached user row (benchmarks/serve_floor.py).
 
 It parses the body with pydantic-core (string ids: `StringIds`) and answers with
 `service.routes.predict.answer`, the function the FastAPI route answers with. Anything else (integer ids,
-invalid JSON or fields, unknown ids, an oversized request, the model still loading, the `paper` mode) goes
+invalid JSON or fields, unknown ids, an oversized request, a query string such as `after`, the model still
+loading, the `paper` mode) goes
 on to the FastAPI route with the body replayed: every error is worded by the route, and the route's
 OpenAPI entry documents both.
 """
@@ -48,7 +49,12 @@ class FastPredict:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/predict" or scope["method"] != "POST":
+        if (
+            scope["type"] != "http"
+            or scope["path"] != "/predict"
+            or scope["method"] != "POST"
+            or scope.get("query_string")  # `after` (read-your-writes) and anything else: the route's
+        ):
             await self.app(scope, receive, send)
             return
         limit = self.state.settings.max_body_bytes

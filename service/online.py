@@ -136,6 +136,14 @@ class RatingLog:
         reply: Any = self.tail_client.xread({self.key: after}, count=READ_CHUNK, block=block_ms)
         return [_entry(i, f) for _, entries in reply or [] for i, f in entries]
 
+    def last_generated(self) -> str:
+        """The id of the newest entry the stream has ever had ("0-0" for none); raises redis.RedisError."""
+        try:
+            info: Any = self.client.xinfo_stream(self.key)
+        except redis.ResponseError:  # no such key: no entry was ever written
+            return "0-0"
+        return _text(info["last-generated-id"])
+
     def ping(self) -> None:
         """One PING (raises redis.RedisError when Redis is down)."""
         self.client.ping()

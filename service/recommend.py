@@ -11,6 +11,7 @@ import threading
 import numpy as np
 
 from model.ids import UnknownIdError
+from model.online import OnlineState
 from model.ratings import Ratings
 from service.scoring import Scorer
 
@@ -41,11 +42,11 @@ def shrunk_means(known: Ratings, n_items: int, shrinkage: float = POPULAR_SHRINK
     return (sums + shrinkage * mu) / (counts + shrinkage)
 
 
-def popular_scores(scorer: Scorer) -> np.ndarray:
-    """`shrunk_means` of the scorer's known ratings (the artifact's and the online ones; an item first
-    rated online counts once it has an embedding), computed once per state of them (read-only)."""
+def popular_scores(scorer: Scorer, state: OnlineState | None = None) -> np.ndarray:
+    """`shrunk_means` of the known ratings of `state` (default: now; the artifact's and the online ones;
+    an item first rated online counts once it has an embedding), computed once per state (read-only)."""
     global _popular
-    known = scorer.known
+    known = (state or scorer.state).known
     cached = _popular
     if cached is not None and cached[0] is known:
         return cached[1]
@@ -89,21 +90,22 @@ def recommend(
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
     user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback)."""
+    state = scorer.state  # one model state for the whole answer (`allow`, `exclude`: indices valid in it)
     try:
-        user = scorer.user_index(user_id)
+        user = scorer.user_index(user_id, state)
     except UnknownIdError:
         user = None
-    rated = scorer.rated_items(user) if user is not None else np.empty(0, dtype=np.int64)
+    rated = scorer.rated_items(user, state) if user is not None else np.empty(0, dtype=np.int64)
     if user is None or len(rated) == 0:
-        scores = popular_scores(scorer)
+        scores = popular_scores(scorer, state)
         best = top_k(scores, candidate_mask(len(scores), rated, allow, exclude), k)
         return best, scores[best], True
-    n_items = scorer.n_items  # the artifact's items, then those first rated online
+    n_items = state.known.n_items  # the artifact's items, then those first rated online
     mask = candidate_mask(n_items, rated, allow, exclude)
     if not mask.any():
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), False
     # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
     # that share a block, so a rating must not depend on which other items were asked for.
-    ratings = scorer.row(user)
+    ratings = scorer.row(user, state)
     best = top_k(ratings, mask, k)
     return best, ratings[best], False

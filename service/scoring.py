@@ -324,8 +324,8 @@ class Scorer:
             self.replayed = True
 
     def write(self, ratings: Sequence[tuple[str, str, float]]) -> str:
-        """Store a batch of (user, item, rating) durably in Redis (one transaction), then fold it in here;
-        returns the stream id of its last rating. Raises redis.RedisError (nothing stored) or
+        """Store a batch of (user, item, rating) durably in Redis (one transaction); returns the stream id
+        of its last rating. Every worker's follower then folds it in (service/consistency.py). Raises redis.RedisError (nothing stored) or
         RuntimeError when online ratings are off."""
         if self.ratings is None or self.follower is None:
             raise RuntimeError("online ratings need Redis: set REDIS_URL")
@@ -336,17 +336,13 @@ class Scorer:
                 raise NotDurable(self.durability.detail)
         last = self.ratings.append(ratings)
         self.metrics.ratings_written.inc(len(ratings))
-        try:
-            self.follower.catch_up()  # this worker answers with the batch from now on
-        except redis.RedisError as exc:  # stored: the follower applies it once Redis answers again
-            log.warning("rating batch stored but not yet applied here (%s)", exc)
-        return last
+        return last  # the follower folds it in behind the answer (reads wait for it with `after`)
 
     # -- queries -----------------------------------------------------------------------------------------
-    def user_index(self, user: str) -> int:
-        """The internal index of an external user id: the artifact's users, then those that arrived online
-        (UnknownIdError for a user without any rating)."""
-        index = self.fold.user_index(user)
+    def user_index(self, user: str, state: OnlineState | None = None) -> int:
+        """The internal index of an external user id in `state` (default: now): the artifact's users, then
+        those that arrived online (UnknownIdError for a user without any rating)."""
+        index = self.fold.user_index(user, state)
         if index is None:
             raise UnknownIdError("user", [user])
         return index
@@ -355,10 +351,10 @@ class Scorer:
         """The external id of a user index."""
         return self.fold.user_id(index)
 
-    def item_indices(self, items: Sequence[str]) -> np.ndarray:
-        """Internal indices of external item ids: the artifact's items, then those first rated online
-        (UnknownIdError listing every unknown one, in request order)."""
-        found = self.fold.item_indices(items)
+    def item_indices(self, items: Sequence[str], state: OnlineState | None = None) -> np.ndarray:
+        """Internal indices of external item ids in `state` (default: now): the artifact's items, then those
+        first rated online (UnknownIdError listing every unknown one, in request order)."""
+        found = self.fold.item_indices(items, state)
         if (found < 0).any():
             missing = [items[int(k)] for k in np.flatnonzero(found < 0)]
             raise UnknownIdError("item", list(dict.fromkeys(missing)))
@@ -367,6 +363,12 @@ class Scorer:
     def item_id(self, index: int) -> str:
         """The external id of an item index."""
         return self.fold.item_id(index)
+
+    @property
+    def state(self) -> OnlineState:
+        """The model state now published: take it once per request and pass it on, so that every part of
+        an answer comes from one state (states only grow: an index valid in one is valid in later ones)."""
+        return self.fold.state
 
     @property
     def known(self) -> Ratings:
@@ -379,24 +381,26 @@ class Scorer:
         """Items known so far (the artifact's, then new ones)."""
         return self.fold.state.known.n_items
 
-    def online_count(self, user: int) -> int:
-        """How many of the user's ratings arrived online (and are folded in)."""
-        return self.fold.online_count(user)
+    def online_count(self, user: int, state: OnlineState | None = None) -> int:
+        """How many of the user's ratings arrived online and are folded into `state` (default: now)."""
+        return self.fold.online_count(user, state)
 
-    def rated_items(self, user: int) -> np.ndarray:
-        """The items `user` has rated (training, held-out and online ratings): sorted item indices."""
-        known = self.fold.state.known
-        online = np.fromiter(self.fold.online_items(user), dtype=np.int64)
+    def rated_items(self, user: int, state: OnlineState | None = None) -> np.ndarray:
+        """The items `user` has rated in `state` (default: now; training, held-out and online ratings):
+        sorted item indices."""
+        state = state or self.fold.state
+        known = state.known
+        online = np.fromiter(self.fold.online_items(user, state), dtype=np.int64)
         return np.union1d(known.cols[known.by_row.of(user)], online)
 
     def predict(
-        self, user: int, items: np.ndarray, distributions: bool = True
+        self, user: int, items: np.ndarray, distributions: bool = True, state: OnlineState | None = None
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """Expected ratings (K,), label distributions (K, p) of (user, items[k]) (None when not
         `distributions` and read from a cached row), and which of them come from the bias baseline (new
         items not embedded yet) rather than the model: (K,) bool. From the user's cached row when there is
         one (`UserRows`): the same numbers to rounding."""
-        state = self.fold.state  # one consistent model for the whole request
+        state = state or self.fold.state  # one consistent model for the whole request
         row = self.rows.get(state, user)
         if row is None and self.rows.admit(state, user):
             row = self._row(state, user)
@@ -409,9 +413,10 @@ class Scorer:
         fallback = row.fallback[items] if row.any_fallback else np.zeros(len(items), dtype=bool)
         return row.ratings[items], row.distributions(items) if distributions else None, fallback
 
-    def row(self, user: int) -> np.ndarray:
-        """The user's expected ratings over every item (cached: `UserRows`); read-only."""
-        state = self.fold.state
+    def row(self, user: int, state: OnlineState | None = None) -> np.ndarray:
+        """The user's expected ratings over every item of `state` (default: now; cached: `UserRows`);
+        read-only."""
+        state = state or self.fold.state
         row = self.rows.get(state, user)
         if row is None:
             row = self._row(state, user)

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     max_new_items: int = Field(default=1_000, ge=0)
     """The same for items the artifact does not know (predicted by the bias baseline until a trained user
     rates one)."""
+    read_after_timeout_s: float = Field(default=1.0, ge=0)
+    """How long a read with `after` (a stream id POST /ratings returned) waits for this worker to apply
+    that rating before it answers 503 with Retry-After."""
     redis_retry_s: float = Field(default=1.0, gt=0)
     """After a Redis failure, the stream follower waits this long before trying again (and 503s say
     `Retry-After` this many seconds, rounded up)."""

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
+from service.consistency import After, wait_applied
 from service.deps import scorer_of
 from service.errors import too_long
 from service.schemas import PredictRequest, PredictResponse
@@ -24,15 +25,17 @@ router = APIRouter(tags=["predictions"])
     responses={
         404: {"description": "Unknown user or item ids (all listed)"},
         422: {"description": "Empty, oversized or mistyped request"},
+        503: {"description": "The model is loading, or `after` was not applied in time (see Retry-After)"},
     },
 )
-async def predict(body: PredictRequest, request: Request) -> Response:
+async def predict(body: PredictRequest, request: Request, after: After = None) -> Response:
     """Predict the ratings of `items` by `user`, in request order.
 
     A pair the user already rated in the training data is predicted like any other query (the known
     rating is not echoed back).
     """
     scorer, settings = scorer_of(request), request.app.state.settings
+    await wait_applied(scorer, after, settings.read_after_timeout_s)
     if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
         payload = await run_in_threadpool(answer, scorer, settings, body.user, body.items, body.distribution)
     else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
@@ -46,14 +49,15 @@ def answer(scorer: Scorer, settings: Settings, user: str, items: list[str], dist
     (service/fastpath.py) both answer with it."""
     if len(items) > settings.max_items:
         raise too_long("items", len(items), settings.max_items, "DCMC_MAX_ITEMS", "ids")
+    state = scorer.state  # every part of the answer from this one model state
     unknown: dict[str, list[str]] = {}
     user_idx = items_idx = None
     try:
-        user_idx = scorer.user_index(user)  # the artifact's users and those that arrived online
+        user_idx = scorer.user_index(user, state)  # the artifact's users and those that arrived online
     except UnknownIdError as exc:
         unknown["unknown_users"] = exc.missing
     try:
-        items_idx = scorer.item_indices(items)  # the artifact's items and those first rated online
+        items_idx = scorer.item_indices(items, state)  # the artifact's items and those first rated online
     except UnknownIdError as exc:
         unknown["unknown_items"] = exc.missing
     if user_idx is None or items_idx is None:
@@ -63,7 +67,7 @@ def answer(scorer: Scorer, settings: Settings, user: str, items: list[str], dist
             for kind, ids in unknown.items()
         ]
         raise HTTPException(status_code=404, detail={"msg": "; ".join(parts), **unknown})
-    ratings, dist, fallback = scorer.predict(user_idx, items_idx, distribution)
+    ratings, dist, fallback = scorer.predict(user_idx, items_idx, distribution, state)
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.
     if distribution:
@@ -80,7 +84,7 @@ def answer(scorer: Scorer, settings: Settings, user: str, items: list[str], dist
         "user": user,
         "model_version": scorer.version,
         "inference": scorer.inference.mode,
-        "online_ratings": scorer.online_count(user_idx),
+        "online_ratings": scorer.online_count(user_idx, state),
         "predictions": predictions,
     }
     return orjson.dumps(payload)

@@ -49,8 +49,11 @@ class RatingsRequest(BaseModel):
 class RatingsResponse(BaseModel):
     """What was stored."""
 
-    accepted: int = Field(description="Ratings stored and folded into the model.")
-    last_id: str = Field(description="Stream id of the batch's last rating in Redis.")
+    accepted: int = Field(description="Ratings stored (every worker folds them in right after).")
+    last_id: str = Field(
+        description="Stream id of the batch's last rating in Redis: pass it as `after` to /predict or "
+        "/recommend for an answer that includes the batch."
+    )
     model_version: str
 
 
@@ -92,8 +95,9 @@ async def post_ratings(
     settings: SettingsDep,
     authorization: Annotated[str | None, Header()] = None,
 ) -> RatingsResponse:
-    """Store ratings durably in Redis, then fold them into the model: every later answer for these users,
-    from any worker of any replica on the same Redis, includes them. A user id the model has never seen
+    """Store ratings durably in Redis; the answer comes once they are stored. Every worker of every replica
+    on the same Redis then folds them into its model within moments: a read with `after=<last_id>` waits
+    until its worker has (read-your-writes), one without answers from what it has applied. A user id the model has never seen
     becomes a user from its first rating on, and an item id it has never seen a new item (predicted by
     the bias baseline until a user the model was trained on rates it), up to DCMC_MAX_NEW_USERS and
     DCMC_MAX_NEW_ITEMS in all; a batch that would pass either is refused whole (422)."""

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
+from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import check_k, invalid
 from service.recommend import POPULAR_SHRINKAGE, recommend, split_ids
@@ -69,6 +70,7 @@ def _ids(request: Request, name: str) -> list[str] | None:
     responses={
         404: {"description": "Unknown item ids in `items` or `exclude` (all listed in `unknown_items`)"},
         422: {"description": "k out of range, an empty or repeated `items`"},
+        503: {"description": "The model is loading, or `after` was not applied in time (see Retry-After)"},
     },
 )
 async def recommend_items(
@@ -84,6 +86,7 @@ async def recommend_items(
     exclude: Annotated[
         str | None, Query(description="Removed from the candidates. " + _ID_LIST.format(name="exclude"))
     ] = None,
+    after: After = None,
 ) -> Response:
     """The k items with the highest predicted rating that the user has not rated, best first (ties by
     item index); fewer when fewer candidates remain.
@@ -94,6 +97,7 @@ async def recommend_items(
     rating instead (same exclusions), marked `"fallback": "popular"`.
     """
     check_k(k, settings)
+    await wait_applied(scorer, after, settings.read_after_timeout_s)
     allow_ids, exclude_ids = _ids(request, "items"), _ids(request, "exclude")
     if allow_ids is not None and not allow_ids:
         raise invalid(["query", "items"], "too_short", "items lists no item ids")

@@ -37,10 +37,19 @@ def _ratings(user: str, pairs: list[tuple[str, float]]) -> dict[str, object]:
     return {"ratings": [{"user": user, "item": item, "rating": rating} for item, rating in pairs]}
 
 
-def _predict(client, user: str) -> np.ndarray:  # type: ignore[no-untyped-def]
-    r = client.post("/predict", json={"user": user, "items": ITEMS})
+def _predict(client, user: str, after: str | None = None) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The user's ratings of ITEMS; with `after`, once the worker has applied that stream entry."""
+    params = {"after": after} if after else None
+    r = client.post("/predict", json={"user": user, "items": ITEMS}, params=params)
     assert r.status_code == 200, r.text
     return np.array([p["rating"] for p in r.json()["predictions"]])
+
+
+def _write(client, body: dict[str, object]) -> str:  # type: ignore[no-untyped-def]
+    """POST /ratings (200 expected); the stream id to read after."""
+    r = client.post("/ratings", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    return str(r.json()["last_id"])
 
 
 def test_a_new_user_is_folded_in_from_its_first_ratings(
@@ -52,17 +61,16 @@ def test_a_new_user_is_folded_in_from_its_first_ratings(
         r = api.client.post("/ratings", json=_ratings("newbie", [("i1", 5), ("i2", 1)]), headers=AUTH)
         assert r.status_code == 200, r.text
         assert r.json()["accepted"] == 2 and r.json()["model_version"]
-        first = _predict(api.client, "newbie")
+        last = r.json()["last_id"]
+        first = _predict(api.client, "newbie", after=last)
         r = api.client.post("/predict", json={"user": "newbie", "items": ITEMS})
         assert r.json()["online_ratings"] == 2
         assert np.isfinite(first).all()
         similar = api.client.get("/similar-users/newbie", params={"k": 3})
         assert similar.status_code == 200 and len(similar.json()["similar"]) == 3
         # Another rating moves the newcomer's embedding and so its predictions.
-        assert (
-            api.client.post("/ratings", json=_ratings("newbie", [("i3", 5)]), headers=AUTH).status_code == 200
-        )
-        assert not np.allclose(_predict(api.client, "newbie"), first)
+        last = _write(api.client, _ratings("newbie", [("i3", 5)]))
+        assert not np.allclose(_predict(api.client, "newbie", after=last), first)
         assert api.metric("dcmc_ratings_written_total") == 3
         health = api.client.get("/health").json()
         assert health["durable"] is True and health["writes"] == "enabled"
@@ -73,9 +81,8 @@ def test_a_known_users_rating_changes_its_predictions_and_a_restart_replays_it(
 ) -> None:
     with _app(tiny_artifact, durable_redis) as api:
         before = _predict(api.client, "u5")
-        r = api.client.post("/ratings", json=_ratings("u5", [("i0", 1), ("i5", 1), ("i10", 1)]), headers=AUTH)
-        assert r.status_code == 200
-        after = _predict(api.client, "u5")
+        last = _write(api.client, _ratings("u5", [("i0", 1), ("i5", 1), ("i10", 1)]))
+        after = _predict(api.client, "u5", after=last)
         assert not np.allclose(after, before)
     with _app(tiny_artifact, durable_redis) as restarted:  # replays the stream before it is ready
         assert restarted.client.get("/ready").json()["ready"] is True
@@ -89,15 +96,10 @@ def test_a_rating_reaches_a_second_server_process(tiny_artifact: Path, durable_r
         writer.wait_ready()
         reader.wait_ready()
         before = _predict(reader.client, "u7")
-        r = writer.client.post(
-            "/ratings", json=_ratings("u7", [("i0", 5), ("i1", 5), ("i2", 5)]), headers=AUTH
-        )
-        assert r.status_code == 200, r.text
-        written = _predict(writer.client, "u7")
-        deadline = time.monotonic() + 5
-        while np.allclose(_predict(reader.client, "u7"), before) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        np.testing.assert_allclose(_predict(reader.client, "u7"), written, rtol=0, atol=1e-12)
+        last = _write(writer.client, _ratings("u7", [("i0", 5), ("i1", 5), ("i2", 5)]))
+        written = _predict(writer.client, "u7", after=last)
+        np.testing.assert_allclose(_predict(reader.client, "u7", after=last), written, rtol=0, atol=1e-12)
+        assert not np.allclose(written, before)
     finally:
         writer.stop()
         reader.stop()
@@ -174,10 +176,9 @@ def test_redis_down_writes_503_reads_answer_and_nothing_acknowledged_is_lost(
     with _app(tiny_artifact, durable_redis) as api:
         acknowledged = 0
         for n in range(5):
-            r = api.client.post("/ratings", json=_ratings(f"w{n}", [("i1", 4), ("i2", 2)]), headers=AUTH)
-            assert r.status_code == 200
+            last = _write(api.client, _ratings(f"w{n}", [("i1", 4), ("i2", 2)]))
             acknowledged += 2
-        expected = _predict(api.client, "w3")
+        expected = _predict(api.client, "w3", after=last)
         durable_redis.kill()  # kill -9 right after the acknowledged writes
         r = api.client.post("/ratings", json=_ratings("w9", [("i1", 4)]), headers=AUTH)
         assert r.status_code == 503, r.text
@@ -189,9 +190,9 @@ def test_redis_down_writes_503_reads_answer_and_nothing_acknowledged_is_lost(
         deadline = time.monotonic() + 10
         while api.client.get("/health").json()["status"] != "ok" and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert api.client.post("/ratings", json=_ratings("w9", [("i1", 4)]), headers=AUTH).status_code == 200
+        last = _write(api.client, _ratings("w9", [("i1", 4)]))
         # (the tiny artifact infers with `paper`: a new user redraws the partitions, so w3's answer moves)
-        expected = _predict(api.client, "w3")
+        expected = _predict(api.client, "w3", after=last)
     with _app(tiny_artifact, durable_redis) as fresh:  # a new worker replays all of them
         np.testing.assert_allclose(_predict(fresh.client, "w3"), expected, rtol=0, atol=1e-12)
         assert fresh.client.get("/similar-users/w9").status_code == 200
@@ -231,20 +232,15 @@ def test_a_new_item_is_predicted_by_the_baseline_until_a_trained_user_rates_it(
     with _app(tiny_artifact, durable_redis) as api:
         assert api.client.post("/predict", json={"user": "u5", "items": ["fresh"]}).status_code == 404
         # Rated by a user the model never saw: the column branch (which reads trained users) cannot embed it.
-        assert (
-            api.client.post("/ratings", json=_ratings("stranger", [("fresh", 5)]), headers=AUTH).status_code
-            == 200
-        )
-        r = api.client.post("/predict", json={"user": "u5", "items": ["i1", "fresh"]})
+        last = _write(api.client, _ratings("stranger", [("fresh", 5)]))
+        r = api.client.post("/predict", json={"user": "u5", "items": ["i1", "fresh"]}, params={"after": last})
         assert r.status_code == 200, r.text
         first, fresh = r.json()["predictions"]
         assert "fallback" not in first and fresh["fallback"] == "baseline"
         assert api.client.get("/similar-items/fresh").status_code == 200
         # Once a trained user rates it, it has an embedding and is scored by the model.
-        assert (
-            api.client.post("/ratings", json=_ratings("u3", [("fresh", 4)]), headers=AUTH).status_code == 200
-        )
-        r = api.client.post("/predict", json={"user": "u5", "items": ["fresh"]})
+        last = _write(api.client, _ratings("u3", [("fresh", 4)]))
+        r = api.client.post("/predict", json={"user": "u5", "items": ["fresh"]}, params={"after": last})
         assert "fallback" not in r.json()["predictions"][0]
         embedded = r.json()["predictions"][0]["rating"]
         recs = api.client.get("/recommend/u5", params={"items": "fresh,i1", "k": 2}).json()["recommendations"]
@@ -295,8 +291,8 @@ def test_the_popular_fallback_counts_online_ratings(tiny_artifact: Path, durable
         last = before["recommendations"][-1]["item"]  # the lowest shrunk mean rating
         # Twenty trained users give it 5 stars: (sum + 10 mu) / (n + 10) now tops every other item.
         batch = [{"user": f"u{i}", "item": last, "rating": 5} for i in range(20)]
-        assert api.client.post("/ratings", json={"ratings": batch}, headers=AUTH).status_code == 200
-        after = api.client.get("/recommend/nobody", params={"k": 1}).json()
+        written = _write(api.client, {"ratings": batch})
+        after = api.client.get("/recommend/nobody", params={"k": 1, "after": written}).json()
         assert after["fallback"] == "popular" and after["recommendations"][0]["item"] == last
 
 
@@ -349,12 +345,9 @@ def test_a_poison_entry_is_skipped_dead_lettered_and_reported(
         assert dead[0][1] == {"field:user": "u1", "field:item": "i2", "reason": "no rating field"}
         # One written while the service runs: skipped, and the ratings after it still apply.
         stream.xadd("dcmc:ratings", {"user": "u1", "rating": "3"})
-        r = api.client.post("/ratings", json=_ratings("newbie", [("i1", 5)]), headers=AUTH)
+        last = _write(api.client, _ratings("newbie", [("i1", 5)]))
+        r = api.client.post("/predict", json={"user": "newbie", "items": ["i1"]}, params={"after": last})
         assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 5
-        while api.client.post("/predict", json={"user": "newbie", "items": ["i1"]}).status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
         assert api.client.get("/health").json()["skipped_entries"] == 5
     with _app(tiny_artifact, durable_redis) as again:  # a restart skips them again, copies none twice
         assert again.client.get("/health").json()["skipped_entries"] == 5
@@ -445,13 +438,10 @@ def test_a_write_redis_does_not_answer_in_time_is_a_503_that_says_it_may_be_stor
             assert "may or may not have been stored" in detail and "Retrying it is safe" in detail
             stream = redis.Redis.from_url(durable_redis.url)
             assert stream.xlen("dcmc:ratings") == 2  # it was: the answer had to say "unknown"
-            r = api.client.post("/ratings", json=_ratings("slowpoke", [("i1", 5)]), headers=AUTH)  # the retry
-            assert r.status_code == 200, r.text
-            deadline = time.monotonic() + 10
-            while api.client.post("/predict", json={"user": "slowpoke", "items": ["i1"]}).status_code != 200:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            body = api.client.post("/predict", json={"user": "slowpoke", "items": ITEMS}).json()
+            last = _write(api.client, _ratings("slowpoke", [("i1", 5)]))  # the retry
+            body = api.client.post(
+                "/predict", json={"user": "slowpoke", "items": ITEMS}, params={"after": last}
+            ).json()
             assert body["online_ratings"] == 1  # the same pair twice: one rating
     finally:
         proxy.close()
@@ -480,3 +470,34 @@ def test_new_users_and_items_are_taken_up_to_their_limits(
         again = _ratings("n2", [("gadget", 2), ("i4", 1)])
         again["ratings"].append({"user": "u7", "item": "gadget", "rating": 5})
         assert api.client.post("/ratings", json=again, headers=AUTH).status_code == 200
+
+
+def test_a_read_with_after_waits_for_its_write_and_says_when_it_cannot(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis, read_after_timeout_s=0.3) as api:
+        before = _predict(api.client, "u9")
+        last = _write(api.client, _ratings("u9", [("i0", 1), ("i5", 1)]))
+        after = _predict(api.client, "u9", after=last)
+        assert not np.allclose(after, before)
+        recs = api.client.get("/recommend/u9", params={"after": last, "k": 50}).json()["recommendations"]
+        assert not {"i0", "i5"} & {x["item"] for x in recs}  # rated: never recommended
+        # An id this stream never had: 422 at once, not a wait.
+        r = api.client.post(
+            "/predict", json={"user": "u9", "items": ["i1"]}, params={"after": "99999999999999-0"}
+        )
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "no_such_rating"
+        r = api.client.get("/recommend/u9", params={"after": "not-an-id"})
+        assert r.status_code == 422
+        # A rating this worker has not applied yet: the follower stopped, the read waits its bound, then 503.
+        api.client.app.state.scorer.follower.stop()  # type: ignore[attr-defined]
+        pending = _write(api.client, _ratings("u9", [("i7", 5)]))
+        started = time.monotonic()
+        r = api.client.post("/predict", json={"user": "u9", "items": ["i1"]}, params={"after": pending})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert f"not applied rating {pending} yet" in r.json()["detail"]
+        assert 0.3 <= time.monotonic() - started < 2.0
+        assert _predict(api.client, "u9").tolist() == after.tolist()  # without `after`: what it has applied
+    with App(tiny_artifact) as offline:  # no Redis: there is nothing to wait for
+        r = offline.client.post("/predict", json={"user": "u9", "items": ["i1"]}, params={"after": "1-0"})
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "no_online_ratings"

@@ -136,7 +136,7 @@ def test_a_user_without_ratings_gets_popular_items(
     api: App, artifact: Artifact, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
-    monkeypatch.setattr(scorer, "rated_items", lambda user: np.empty(0, dtype=np.int64))
+    monkeypatch.setattr(scorer, "rated_items", lambda user, state=None: np.empty(0, dtype=np.int64))
     ranking, scores = popular_ranking(artifact)
     body = api.client.get("/recommend/u0", params={"k": 5}).json()
     assert body.pop("fallback") == "popular"
@@ -218,7 +218,7 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
     spec = exact_api.client.get("/openapi.json").json()
     op = spec["paths"]["/recommend/{user_id}"]["get"]
     assert op["tags"] == ["recommendations"]
-    assert {p["name"] for p in op["parameters"]} == {"user_id", "k", "items", "exclude"}
+    assert {p["name"] for p in op["parameters"]} == {"user_id", "k", "items", "exclude", "after"}
     assert "comma-separated" in op["description"]
     schema = spec["components"]["schemas"]["RecommendResponse"]
     assert set(schema["properties"]) == {"user", "model_version", "inference", "fallback", "recommendations"}

@@ -74,8 +74,9 @@ def _app(artifact: Path, server: RedisServer, **settings: Any) -> App:
     return App(artifact, redis_url=server.url, write_token=TOKEN, inference=EXACT, **settings)
 
 
-def _predict(api: App, user: str) -> np.ndarray:
-    r = api.client.post("/predict", json={"user": user, "items": ITEMS, "distribution": True})
+def _predict(api: App, user: str, after: str | None = None) -> np.ndarray:
+    params = {"after": after} if after else None
+    r = api.client.post("/predict", json={"user": user, "items": ITEMS, "distribution": True}, params=params)
     assert r.status_code == 200, r.text
     return np.array([[p["rating"], *p["distribution"]] for p in r.json()["predictions"]])
 
@@ -101,7 +102,7 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
             headers=AUTH,
         )
         assert r.status_code == 200, r.text
-        after = _predict(api, "u3")
+        after = _predict(api, "u3", after=r.json()["last_id"])
         assert np.abs(after - third).max() > 1e-6
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # not answered from the old row
         plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]  # its stream reader
@@ -131,7 +132,8 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
         )
         assert r.status_code == 200, r.text
         body = {"user": "u5", "items": ["i1", "fresh"], "distribution": True}
-        answers = [api.client.post("/predict", json=body).json()["predictions"] for _ in range(3)]
+        wait = {"after": r.json()["last_id"]}
+        answers = [api.client.post("/predict", json=body, params=wait).json()["predictions"] for _ in range(3)]
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # the third came from the row
         for first, fresh in answers:
             assert "fallback" not in first and fresh["fallback"] == "baseline"

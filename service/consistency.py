@@ -1,0 +1,85 @@
+"""Read-your-writes on request: POST /ratings answers once a batch is stored in Redis, and each worker
+folds the stream in behind it (service/online.py). A read that must include a write passes the stream id
+the write returned as `after`; it waits, at most DCMC_READ_AFTER_TIMEOUT_S, until this worker has applied
+that entry, and past the bound answers 503 with Retry-After. Without `after`, a read answers from what this
+worker has applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import redis
+from fastapi import HTTPException, Query
+from starlette.concurrency import run_in_threadpool
+
+from service.online import stream_order
+from service.scoring import Scorer
+
+POLL_S = 0.002
+"""How often a waiting read looks at how far its worker has applied the stream."""
+
+After = Annotated[
+    str | None,
+    Query(
+        pattern=r"^[0-9]{1,20}(-[0-9]{1,20})?$",
+        description="A stream id that POST /ratings returned (`last_id`): answer only once this worker has "
+        "folded that rating in (waiting at most DCMC_READ_AFTER_TIMEOUT_S, else 503 with Retry-After). "
+        "Without it, the answer includes what this worker has applied so far.",
+    ),
+]
+
+
+def applied(scorer: Scorer, after: str) -> bool:
+    """Whether the worker's model includes the stream entry `after` (and all before it)."""
+    follower = scorer.follower
+    return follower is not None and stream_order(follower.last) >= stream_order(after)
+
+
+async def wait_applied(scorer: Scorer, after: str | None, timeout_s: float) -> None:
+    """Return once `after` is applied here (at once without one); 503 past `timeout_s`; 422 when this
+    service takes no online ratings, or the stream never had that entry (an id not returned by a write)."""
+    if after is None:
+        return
+    if scorer.follower is None:
+        raise HTTPException(
+            status_code=422,
+            detail=[
+                {
+                    "loc": ["query", "after"],
+                    "type": "no_online_ratings",
+                    "msg": "this service takes no online ratings (no REDIS_URL): there is nothing to wait for",
+                }
+            ],
+        )
+    if applied(scorer, after):
+        return
+    assert scorer.ratings is not None
+    try:
+        newest = await run_in_threadpool(scorer.ratings.last_generated)
+    except redis.RedisError:
+        newest = None  # cannot tell: wait for it
+    if newest is not None and stream_order(after) > stream_order(newest):
+        raise HTTPException(
+            status_code=422,
+            detail=[
+                {
+                    "loc": ["query", "after"],
+                    "type": "no_such_rating",
+                    "msg": f"the rating stream has no entry {after} (its newest is {newest}): an id that POST "
+                    "/ratings of this service did not return",
+                }
+            ],
+        )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not applied(scorer, after):
+        if loop.time() >= deadline:
+            raise HTTPException(
+                status_code=503,
+                detail=f"this worker has not applied rating {after} yet (it has applied up to "
+                f"{scorer.follower.last}); retry, or read without `after`",
+                headers={"Retry-After": "1"},
+            )
+        await asyncio.sleep(POLL_S)
