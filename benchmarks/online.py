@@ -361,6 +361,7 @@ class Service:
         self.log = log.open("a")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.last_id: str | None = None  # the stream id of the last batch written through this helper
 
     def wait_ready(self, timeout: float = 180) -> Service:
         import httpx
@@ -393,10 +394,13 @@ class Service:
         r = self.client.post("/ratings", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
         if r.status_code != 200:
             raise RuntimeError(f"POST /ratings answered {r.status_code}: {r.text[:500]}")
+        self.last_id = str(r.json()["last_id"])
         return dict(r.json())
 
     def predict(self, user: str, items: Sequence[str]) -> np.ndarray:
-        r = self.client.post("/predict", json={"user": user, "items": list(items)})
+        """Predictions that include every rating this helper wrote (`after`: read-your-writes)."""
+        params = {"after": self.last_id} if self.last_id else None
+        r = self.client.post("/predict", json={"user": user, "items": list(items)}, params=params)
         if r.status_code != 200:
             raise RuntimeError(f"POST /predict answered {r.status_code}: {r.text[:500]}")
         return np.array([p["rating"] for p in r.json()["predictions"]], dtype=np.float64)

@@ -85,9 +85,16 @@ class FoldIn:
     """An artifact's model that takes ratings online (see the module docstring)."""
 
     def __init__(
-        self, artifact: Artifact, inference: InferenceConfig, embed_rows: Embed, embed_cols: Embed
+        self,
+        artifact: Artifact,
+        inference: InferenceConfig,
+        embed_rows: Embed,
+        embed_cols: Embed,
+        refine_trained: bool = True,
     ) -> None:
         self.artifact = artifact
+        self.refine_trained = refine_trained
+        """Whether users the network was trained on are refined too (else: new users only)."""
         self._embed_rows, self._embed_cols = embed_rows, embed_cols
         network, scorer = artifact_scorer(artifact, inference)
         self._base = artifact.known()
@@ -280,6 +287,8 @@ class FoldIn:
         user_emb = _grown(old.user_emb, len(self._users))
         user_emb[users] = np.asarray(self._embed_rows(rows), dtype=np.float32).astype(np.float64)
         for user in users:  # the row branch's embedding, refined by the decoder's likelihood of the ratings
+            if user < n and not self.refine_trained:
+                continue
             items, values = self._ratings_of(int(user))
             if len(items):
                 labels = nearest_level(values, old.levels)

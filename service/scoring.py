@@ -219,7 +219,13 @@ class Scorer:
         self._row_hit, self._row_fill = metrics.user_rows.labels("hit"), metrics.user_rows.labels("fill")
         # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
         start = time.perf_counter()
-        self.fold = FoldIn(artifact, self.inference, self._embed_rows, self._embed_cols)
+        self.fold = FoldIn(
+            artifact,
+            self.inference,
+            self._embed_rows,
+            self._embed_cols,
+            refine_trained=settings.fold_in_refine == "all",
+        )
         source = getattr(self.fold.state.scorer, "field_source", None)
         log.info(
             "model %s ready in %.2fs (inference %s%s)",

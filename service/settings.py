@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     max_new_items: int = Field(default=1_000, ge=0)
     """The same for items the artifact does not know (predicted by the bias baseline until a trained user
     rates one)."""
+    fold_in_refine: Literal["all", "new"] = "all"
+    """Which users an online rating's fold-in refines against the decoder (model/online.py): `all` the
+    users it touches, or `new` only users the network was not trained on (a trained user then keeps the
+    row branch's embedding of its updated row, as training embeds it). `new` folds in about 7x faster; on
+    ML-100K's converged network it scored the same on validation ratings (benchmarks/results/
+    fold_in_policy.md), on an under-trained one `all` was better."""
     read_after_timeout_s: float = Field(default=1.0, ge=0)
     """How long a read with `after` (a stream id POST /ratings returned) waits for this worker to apply
     that rating before it answers 503 with Retry-After."""

@@ -307,3 +307,31 @@ def test_a_user_or_item_being_folded_in_is_unknown_until_its_state_is_published(
         and fold.item_index("gizmo") == artifact.config.n_items
     )
     assert fold.state.embedded[artifact.config.n_items]
+
+
+def test_refining_new_users_only_leaves_a_trained_user_with_its_row_branch_embedding(
+    artifact: Artifact,
+) -> None:
+    onnx = OnnxNetwork(artifact.path)
+    inference = artifact.inference.with_overrides(EXACT)
+    both = {
+        refine: FoldIn(artifact, inference, onnx.embed_users, onnx.embed_items, refine_trained=refine)
+        for refine in (True, False)
+    }
+    train = artifact.train
+    user = int(train.rows[0])
+    rated = set(train.cols[train.by_row.of(user)].tolist())
+    item = next(j for j in range(train.n_items) if j not in rated)
+    batch = [(artifact.users.external(user), artifact.items.external(item), 5.0), ("newcomer", "i3", 4.0)]
+    for fold in both.values():
+        fold.apply(batch)
+    row = train.dense_rows(np.array([user]))
+    row[0, item] = 5.0
+    plain = onnx.embed_users(row)[0].astype(np.float64)
+    np.testing.assert_allclose(both[False].state.network.user_emb[user], plain, rtol=0, atol=1e-12)
+    assert np.abs(both[True].state.network.user_emb[user] - plain).max() > 1e-4  # refined: moved
+    new = both[True].user_index("newcomer")
+    assert new is not None and new == both[False].user_index("newcomer")
+    np.testing.assert_array_equal(  # a new user is refined either way
+        both[True].state.network.user_emb[new], both[False].state.network.user_emb[new]
+    )

@@ -259,6 +259,7 @@ def test_reads_racing_writes_of_new_users_and_items_never_fail(
     # a 5xx in between.
     with _app(tiny_artifact, durable_redis) as api:
         statuses: list[int] = []
+        online_counts: list[int] = []
         stop = threading.Event()
 
         def read() -> None:
@@ -271,6 +272,14 @@ def test_reads_racing_writes_of_new_users_and_items_never_fail(
                 )
                 statuses.append(api.client.get(f"/recommend/{user}", params={"k": 3}).status_code)
                 statuses.append(api.client.get(f"/similar-users/{user}").status_code)
+                # A trained user who rates the new items: its rated items must come from the state that
+                # answers (an unpublished new item would index past the published catalogue).
+                r = api.client.get("/recommend/u2", params={"k": 5})
+                statuses.append(r.status_code)
+                if r.status_code == 200:
+                    body = api.client.post("/predict", json={"user": "u2", "items": ["i1"]}).json()
+                    online_counts.append(body["online_ratings"])
+                statuses.append(api.client.get(f"/similar-items/{item}").status_code)
 
         reader = threading.Thread(target=read)
         reader.start()
@@ -282,6 +291,7 @@ def test_reads_racing_writes_of_new_users_and_items_never_fail(
         reader.join()
         assert statuses and set(statuses) <= {200, 404}
         assert 200 in statuses
+        assert online_counts == sorted(online_counts)  # states only grow, and each count is one state's
 
 
 def test_the_popular_fallback_counts_online_ratings(tiny_artifact: Path, durable_redis: RedisServer) -> None:
