@@ -1020,7 +1020,8 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with Redis() as redis_server, tempfile.TemporaryDirectory() as tmp:
         prefix = "online-speed"
-        svc = Service(base, redis_server.url, prefix, 2, work / "serve-speed.log")
+        service_env = dict(pair.split("=", 1) for pair in args.service_env)
+        svc = Service(base, redis_server.url, prefix, 2, work / "serve-speed.log", service_env)
         try:
             svc.wait_ready()
             scripts = {
@@ -1069,6 +1070,7 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "part": "speed",
         "base": str(base),
+        "service_env": service_env,
         "workers": 2,
         "duration_s": args.duration,
         "recommend": rec,
@@ -1396,6 +1398,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freshness-n", type=int, default=200, help="ratings posted (part 2)")
     parser.add_argument("--freshness-seconds", type=float, default=120, help="time bound of part 2")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (part 3)")
+    parser.add_argument(
+        "--service-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a service setting for part 3's `dcmc serve` (e.g. DCMC_FOLD_IN_REFINE=new; repeatable)",
+    )
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args(argv)
     command = "python benchmarks/online.py " + " ".join(argv if argv is not None else sys.argv[1:])
