@@ -49,7 +49,7 @@ async def wait_applied(scorer: Scorer, after: str | None, timeout_s: float) -> N
                 {
                     "loc": ["query", "after"],
                     "type": "no_online_ratings",
-                    "msg": "this service takes no online ratings (no REDIS_URL): there is nothing to wait for",
+                    "msg": "this service takes no online ratings (no REDIS_URL): nothing to wait for",
                 }
             ],
         )
@@ -67,8 +67,8 @@ async def wait_applied(scorer: Scorer, after: str | None, timeout_s: float) -> N
                 {
                     "loc": ["query", "after"],
                     "type": "no_such_rating",
-                    "msg": f"the rating stream has no entry {after} (its newest is {newest}): an id that POST "
-                    "/ratings of this service did not return",
+                    "msg": f"the rating stream has no entry {after} (its newest is {newest}): an id "
+                    "that POST /ratings of this service did not return",
                 }
             ],
         )

@@ -331,8 +331,9 @@ class Scorer:
 
     def write(self, ratings: Sequence[tuple[str, str, float]]) -> str:
         """Store a batch of (user, item, rating) durably in Redis (one transaction); returns the stream id
-        of its last rating. Every worker's follower then folds it in (service/consistency.py). Raises redis.RedisError (nothing stored) or
-        RuntimeError when online ratings are off."""
+        of its last rating. Every worker's follower then folds it in (service/consistency.py). Raises
+        redis.RedisError (service.online.stored_unknown says whether it may have been stored), NotDurable,
+        or RuntimeError when online ratings are off."""
         if self.ratings is None or self.follower is None:
             raise RuntimeError("online ratings need Redis: set REDIS_URL")
         if self.settings.require_durable and not self.durability.durable:

@@ -97,10 +97,11 @@ async def post_ratings(
 ) -> RatingsResponse:
     """Store ratings durably in Redis; the answer comes once they are stored. Every worker of every replica
     on the same Redis then folds them into its model within moments: a read with `after=<last_id>` waits
-    until its worker has (read-your-writes), one without answers from what it has applied. A user id the model has never seen
-    becomes a user from its first rating on, and an item id it has never seen a new item (predicted by
-    the bias baseline until a user the model was trained on rates it), up to DCMC_MAX_NEW_USERS and
-    DCMC_MAX_NEW_ITEMS in all; a batch that would pass either is refused whole (422)."""
+    until its worker has (read-your-writes), one without answers from what it has applied. A user id the
+    model has never seen becomes a user from its first rating on, and an item id it has never seen a new
+    item (predicted by the bias baseline until a user the model was trained on rates it), up to
+    DCMC_MAX_NEW_USERS and DCMC_MAX_NEW_ITEMS in all; a batch that would pass either is refused whole
+    (422)."""
     token = settings.write_token.get_secret_value() if settings.write_token is not None else None
     _authorize(token, authorization)
     ratings = body.ratings

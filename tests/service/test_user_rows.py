@@ -133,7 +133,9 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
         assert r.status_code == 200, r.text
         body = {"user": "u5", "items": ["i1", "fresh"], "distribution": True}
         wait = {"after": r.json()["last_id"]}
-        answers = [api.client.post("/predict", json=body, params=wait).json()["predictions"] for _ in range(3)]
+        answers = [
+            api.client.post("/predict", json=body, params=wait).json()["predictions"] for _ in range(3)
+        ]
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # the third came from the row
         for first, fresh in answers:
             assert "fallback" not in first and fresh["fallback"] == "baseline"
