@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
+from scipy.linalg.lapack import dposv
 
 from model.artifact import Artifact
 from model.config import InferenceConfig
@@ -350,7 +351,10 @@ def refine_embedding(
     backtracking line search: the user embedding that the bilinear decoder finds most likely for the user's
     ratings (levels `labels` of the items with embeddings `item_emb` (K, d)), kept near the row branch's
     `u0`: (d,)."""
-    w = np.ascontiguousarray(np.einsum("lde,ke->kld", bilinear, item_emb, optimize=True))  # (K, p, d)
+    p, d = bilinear.shape[0], bilinear.shape[2]
+    # w[k, l] = B_l v_k, as one matrix product: (K, d) @ (d, p d) -> (K, p, d)
+    stacked = np.ascontiguousarray(np.transpose(bilinear, (2, 0, 1)), dtype=np.float64).reshape(d, p * d)
+    w = (np.asarray(item_emb, dtype=np.float64) @ stacked).reshape(len(item_emb), p, d)
     rows = np.arange(len(labels))
     target = np.zeros(w.shape[:2])
     target[rows, labels] = 1.0
@@ -362,15 +366,20 @@ def refine_embedding(
         return float((log_norm - z[rows, labels]).sum() + prior * ((u - u0) ** 2).sum())
 
     u = u0.astype(np.float64).copy()
-    eye = np.eye(len(u))
+    diagonal = np.arange(len(u))
     flat = w.reshape(-1, w.shape[2])  # (K p, d): matrix products run on BLAS
     value = objective(u)
     for _ in range(steps):
         s = softmax(w @ u)  # (K, p)
         grad = flat.T @ (s - target).ravel() + 2.0 * prior * (u - u0)
         ws = (s[:, :, None] * w).sum(axis=1)  # (K, d)
-        hess = (flat * s.reshape(-1, 1)).T @ flat - ws.T @ ws + 2.0 * prior * eye
-        step = np.linalg.solve(hess, grad)
+        # sum_k W_k^T (diag(s_k) - s_k s_k^T) W_k + 2 prior I: G^T G with G's rows sqrt(s) w (a symmetric
+        # product, half the work of a general one), less ws^T ws
+        weighted = flat * np.sqrt(s).reshape(-1, 1)
+        hess = weighted.T @ weighted
+        hess -= ws.T @ ws
+        hess[diagonal, diagonal] += 2.0 * prior
+        step = _solve_spd(hess, grad)
         if float(grad @ step) <= 1e-12 * max(1.0, abs(value)):  # Newton decrement: converged to rounding
             break
         t = 1.0
@@ -384,6 +393,16 @@ def refine_embedding(
             break  # no decrease left: at the minimum to rounding
         u, value = candidate, new_value
     out: np.ndarray = u
+    return out
+
+
+def _solve_spd(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """matrix^-1 rhs for a symmetric positive definite matrix (Cholesky: LAPACK's dposv), by LU where
+    rounding left it not positive definite."""
+    _, x, info = dposv(matrix, rhs)
+    if info != 0:
+        x = np.linalg.solve(matrix, rhs)
+    out: np.ndarray = x
     return out
 
 
