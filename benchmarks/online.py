@@ -990,6 +990,76 @@ def _wrk(url: str, path: str, connections: int, duration: int, script: Path | No
     return result
 
 
+class Writer:
+    """A thread that POSTs one random known rating every 1/per_s seconds to `svc` until `stop()`."""
+
+    def __init__(
+        self, svc: Service, users: list[str], items: list[str], levels: list[Any], per_s: float
+    ) -> None:
+        import threading
+
+        self.svc, self.users, self.items, self.levels, self.per_s = svc, users, items, levels, per_s
+        self.done = threading.Event()
+        self.written = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import httpx
+
+        rng = np.random.default_rng(3)
+        started = time.monotonic()
+        with httpx.Client(base_url=self.svc.url, timeout=30) as client:
+            while not self.done.is_set():
+                rating = {
+                    "user": self.users[rng.integers(len(self.users))],
+                    "item": self.items[rng.integers(len(self.items))],
+                    "rating": self.levels[rng.integers(len(self.levels))],
+                }
+                r = client.post(
+                    "/ratings", json={"ratings": [rating]}, headers={"Authorization": f"Bearer {TOKEN}"}
+                )
+                self.written += r.status_code == 200
+                pause = started + self.written / self.per_s - time.monotonic()
+                if pause > 0:
+                    self.done.wait(pause)
+
+    def stop(self) -> int:
+        """Stop; returns the ratings acknowledged."""
+        self.done.set()
+        self.thread.join()
+        return self.written
+
+
+def first_rating_everywhere(svc: Service, item: str, level: Any, runs: int = 20) -> dict[str, Any]:
+    """A new user's first rating, then /predict for that user on fresh connections (each may reach either
+    worker) until `runs` in a row answer 200: the seconds from the write's 200 to the first of them."""
+    import httpx
+
+    user = f"newcomer-{time.time_ns()}"
+    r = svc.client.post(
+        "/ratings",
+        json={"ratings": [{"user": user, "item": item, "rating": level}]},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    acknowledged = time.monotonic()
+    streak, streak_start = 0, acknowledged
+    with httpx.Client(
+        base_url=svc.url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)
+    ) as fresh:
+        while streak < runs and time.monotonic() - acknowledged < 120:
+            started = time.monotonic()
+            ok = fresh.post("/predict", json={"user": user, "items": [item]}).status_code == 200
+            if ok and streak == 0:
+                streak_start = started
+            streak = streak + 1 if ok else 0
+    return {
+        "write_status": r.status_code,
+        "answered_everywhere_s": round(streak_start - acknowledged, 3) if streak >= runs else None,
+        "fresh_connections_in_a_row": runs,
+    }
+
+
 def recommend_state(svc: Service, user: str) -> dict[str, Any]:
     """Whether GET /recommend/{user}?k=10 exists: a route 404 says `Not Found`."""
     r = svc.client.get(f"/recommend/{user}", params={"k": 10})
@@ -1047,6 +1117,8 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
                 plan.append(("recommend@1", "/recommend", 1, scripts["recommend"]))
             plan += [
                 ("health@32", "/health", 32, None),
+                ("predict@32", "/predict", 32, scripts["predict"]),
+                ("predict@32 while 100 ratings/s are written", "/predict", 32, scripts["predict"]),
                 ("ratings@1", "/ratings", 1, scripts["ratings"]),
                 ("ratings@32", "/ratings", 32, scripts["ratings"]),
                 ("predict@1 after writes", "/predict", 1, scripts["predict"]),
@@ -1054,10 +1126,16 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
             if rec["exists"]:
                 plan.append(("recommend@1 after writes", "/recommend", 1, scripts["recommend"]))
             for name, path, conns, script in plan:
+                writer = Writer(svc, users, items, levels, per_s=100) if "while" in name else None
                 results[name] = _wrk(svc.url, path, conns, d, script)
+                if writer is not None:
+                    results[name]["ratings_written_during"] = writer.stop()
                 if name.startswith("ratings"):
                     results[name]["stream_length_after"] = int(redis_server.client.xlen(f"{prefix}:ratings"))
                 emit({"part": "speed", "run": name, **results[name]})
+                if name == "ratings@32":  # right after the burst: a new user's first rating, everywhere
+                    newcomer = first_rating_everywhere(svc, items[0], levels[-1])
+                    emit({"part": "speed", "run": "newcomer after the burst", **newcomer})
             time.sleep(1.0)  # the other worker's tail (200 ms reads) catches up
             stream = int(redis_server.client.xlen(f"{prefix}:ratings"))
             written = svc.metric("dcmc_ratings_written_total")
@@ -1075,6 +1153,7 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
         "duration_s": args.duration,
         "recommend": rec,
         "results": results,
+        "newcomer_after_burst": newcomer,
         "stream_length": stream,
         "ratings_written_metric": written,
         "ratings_applied_metric": applied,
@@ -1325,6 +1404,8 @@ def speed_section(r: dict[str, Any]) -> list[str]:
             "recommend": "GET /recommend/{user}?k=10",
             "ratings": "POST /ratings (1 rating)",
         }[route]
+        if "ratings_written_during" in x:
+            note += f" ({x['ratings_written_during']} acknowledged)"
         lines.append(
             f"| {label}{' ' + note if note else ''} | {conc} | {x['rps']:.0f} | {x['p50_ms']:.2f} | "
             f"{x['p99_ms']:.2f} | {x['requests']} | {x['non_2xx']}"
@@ -1339,6 +1420,16 @@ def speed_section(r: dict[str, Any]) -> list[str]:
         f"{r['redis_errors_metric']:.0f}.",
         "",
     ]
+    newcomer = r.get("newcomer_after_burst")
+    if newcomer:
+        took = newcomer["answered_everywhere_s"]
+        lines += [
+            "Right after the POST /ratings burst at concurrency 32, a new user's first rating: its /predict "
+            f"answered 200 on {newcomer['fresh_connections_in_a_row']} fresh connections in a row (either "
+            "worker) "
+            + (f"from {took:.2f} s after the write's 200." if took is not None else "not within 120 s."),
+            "",
+        ]
     return lines
 
 

@@ -168,7 +168,9 @@ def test_the_api_image_serves_the_published_artifact_on_a_password_redis(
             rating = {"ratings": [{"user": "newcomer", "item": "i1", "rating": 5}]}
             r = client.post("/ratings", json=rating, headers={"Authorization": "Bearer t0ken"})
             assert r.status_code == 200, r.text
-            assert client.post("/predict", json={"user": "newcomer", "items": ["i2"]}).status_code == 200
+            after = {"after": r.json()["last_id"]}
+            r = client.post("/predict", json={"user": "newcomer", "items": ["i2"]}, params=after)
+            assert r.status_code == 200, r.text
     finally:
         proc.terminate()
         output, _ = proc.communicate(timeout=30)

@@ -437,7 +437,10 @@ def test_a_write_redis_does_not_answer_in_time_is_a_503_that_says_it_may_be_stor
     proxy = SlowReplies(durable_redis.port)
     url = f"redis://127.0.0.1:{proxy.port}/0"
     try:
-        with App(tiny_artifact, redis_url=url, write_token=TOKEN, redis_write_timeout_s=0.3) as api:
+        # (the follower's own reads go through the proxy too: it retries every 0.1 s, and the read after the
+        # retry waits up to 5 s for it)
+        settings = {"redis_write_timeout_s": 0.3, "redis_retry_s": 0.1, "read_after_timeout_s": 5.0}
+        with App(tiny_artifact, redis_url=url, write_token=TOKEN, **settings) as api:
             warm = api.client.post("/ratings", json=_ratings("u1", [("i1", 5)]), headers=AUTH)
             assert warm.status_code == 200  # the write connection is open: the next batch goes out at once
             proxy.delay_s = 1.0

@@ -139,11 +139,8 @@ def test_a_service_on_the_retrained_artifact_replays_only_the_later_ratings(
         assert r.status_code == 200 and r.json()["online_ratings"] == 0  # in the artifact, not replayed
         assert api.client.get("/health").json()["online_ratings"] == 0
         later = {"ratings": [{"user": "newcomer", "item": "i4", "rating": 2}]}
-        assert (
-            api.client.post("/ratings", json=later, headers={"Authorization": f"Bearer {TOKEN}"}).status_code
-            == 200
-        )
-        assert (
-            api.client.post("/predict", json={"user": "newcomer", "items": ["i1"]}).json()["online_ratings"]
-            == 1
-        )
+        r = api.client.post("/ratings", json=later, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200
+        after = {"after": r.json()["last_id"]}
+        body = api.client.post("/predict", json={"user": "newcomer", "items": ["i1"]}, params=after).json()
+        assert body["online_ratings"] == 1
