@@ -222,6 +222,8 @@ class Follower:
         take (e.g. a rating off its levels), as Poison."""
         self.ratings, self.apply, self.metrics, self.retry_s = ratings, apply, metrics, retry_s
         self.check = check
+        self.interval_s = 0.0
+        """After the first new entry, how long the tail waits for more before it folds them in together."""
         self.on_recover: Callable[[], object] = lambda: None
         """Called (by the tail thread) when Redis answers again after a failure."""
         self.last = "0"
@@ -298,6 +300,10 @@ class Follower:
                 after = self.last
                 entries = self.ratings.read(after, block_ms=TAIL_BLOCK_MS)
                 if entries:
+                    # Whatever else arrives within the interval joins this batch: one fold-in (and one new
+                    # model state, which empties the cached rows) per interval, not per write.
+                    if self.interval_s > 0 and self._stop.wait(self.interval_s):
+                        return
                     with self._lock:
                         if self.last == after:  # else a catch_up applied them meanwhile
                             self._apply(entries)

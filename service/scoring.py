@@ -236,6 +236,11 @@ class Scorer:
         )
         self.retry_s = settings.redis_retry_s
         self.settings = settings
+        # New ids of batches this worker wrote that its model has not folded in yet (counted against the
+        # new-id limits meanwhile).
+        self._pending_users: set[str] = set()
+        self._pending_items: set[str] = set()
+        self._pending_lock = threading.Lock()
         self._durability_checked = 0.0
         self.ratings: RatingLog | None = None
         self.follower: Follower | None = None
@@ -252,6 +257,7 @@ class Scorer:
             self.follower = Follower(
                 self.ratings, self._apply, metrics, settings.redis_retry_s, check=self._check
             )
+            self.follower.interval_s = settings.fold_in_interval_s
             # Replay only what the artifact was not trained on (`dcmc train --online-ratings`).
             self.follower.last = artifact.online_snapshot(self.ratings.key)
 
@@ -311,6 +317,21 @@ class Scorer:
         with self._onnx_lock:
             return self.onnx.embed_items(cols)
 
+    def new_ids(self, users: Sequence[str], items: Sequence[str]) -> tuple[set[str], set[str], int, int]:
+        """The users and items of a batch that would be new, and how many new users and items there are
+        already: folded in, or written by this worker and not folded in yet."""
+        with self._pending_lock:
+            known_users, known_items = self.fold.unseen(list(self._pending_users), list(self._pending_items))
+            self._pending_users &= known_users  # the rest is folded in now
+            self._pending_items &= known_items
+            unseen_users, unseen_items = self.fold.unseen(users, items)
+            return (
+                unseen_users - self._pending_users,
+                unseen_items - self._pending_items,
+                self.fold.new_users + len(self._pending_users),
+                self.fold.new_items + len(self._pending_items),
+            )
+
     def _check(self, entries: list[Entry]) -> list[Poison]:
         """The entries this model cannot fold in: a rating that is not one of its levels."""
         ratings = np.fromiter((e.rating for e in entries), dtype=np.float64, count=len(entries))
@@ -343,6 +364,10 @@ class Scorer:
                 raise NotDurable(self.durability.detail)
         last = self.ratings.append(ratings)
         self.metrics.ratings_written.inc(len(ratings))
+        users, items = self.fold.unseen([u for u, _, _ in ratings], [i for _, i, _ in ratings])
+        with self._pending_lock:
+            self._pending_users |= users
+            self._pending_items |= items
         return last  # the follower folds it in behind the answer (reads wait for it with `after`)
 
     # -- queries -----------------------------------------------------------------------------------------

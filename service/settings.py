@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     max_new_items: int = Field(default=1_000, ge=0)
     """The same for items the artifact does not know (predicted by the bias baseline until a trained user
     rates one)."""
+    fold_in_interval_s: float = Field(default=0.1, ge=0, le=10)
+    """How long each worker gathers newly arrived ratings before it folds them in as one batch: each batch
+    makes a new model state (a fold-in's fixed cost, and every cached user row computed again), so under a
+    stream of writes a batch per interval costs far less than one per write. A read with `after` waits for
+    it (a write is visible to its reader up to this much later)."""
     fold_in_refine: Literal["all", "new"] = "all"
     """Which users an online rating's fold-in refines against the decoder (model/online.py): `all` the
     users it touches, or `new` only users the network was not trained on (a trained user then keeps the

@@ -153,11 +153,11 @@ async def post_ratings(
 
 def _check_new_ids(scorer: Scorer, settings: Settings, ratings: list[RatingIn]) -> None:
     """422 when the batch would take the users or items the model did not have past their limits."""
-    users, items = scorer.fold.unseen([r.user for r in ratings], [r.item for r in ratings])
+    users, items, new_users, new_items = scorer.new_ids([r.user for r in ratings], [r.item for r in ratings])
     errors = []
     for kind, unseen, so_far, limit, variable in (
-        ("users", users, scorer.fold.new_users, settings.max_new_users, "DCMC_MAX_NEW_USERS"),
-        ("items", items, scorer.fold.new_items, settings.max_new_items, "DCMC_MAX_NEW_ITEMS"),
+        ("users", users, new_users, settings.max_new_users, "DCMC_MAX_NEW_USERS"),
+        ("items", items, new_items, settings.max_new_items, "DCMC_MAX_NEW_ITEMS"),
     ):
         if unseen and so_far + len(unseen) > limit:
             shown = ", ".join(map(repr, sorted(unseen)[:20])) + (" ..." if len(unseen) > 20 else "")
