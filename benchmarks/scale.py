@@ -454,7 +454,7 @@ NOTES = """\
   1.33 and 1.33 s before, 1.03 and 1.16 s after.
 - epinions-synth retrained and served at `9219339` (2026-11-28's machine, slower than the previous day's:
   ML-100K's epochs with the same training code took 1.33 s there against 0.9 s). Epochs 1-2 (158 and
-  153 s) ran beside a one-thread probe (the refinement probe of `refine_probe.md` on ML-100K, about three minutes),
+  153 s) ran beside a one-thread probe (`refine_probe.md`, on ML-100K, about three minutes),
   epochs 3-10 alone (102-108 s). The test split was scored once (0.6971, as at `0db87c5`). After the serve
   record the same artifact was served four more times, alternating the code before that day's serving
   change (`779a864`, the unit rows held beside the lifted ones) with `9219339`; those four records were
