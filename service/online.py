@@ -299,11 +299,13 @@ class Follower:
                 # Wait for new entries without the lock, so a request's catch_up never waits on the tail.
                 after = self.last
                 entries = self.ratings.read(after, block_ms=TAIL_BLOCK_MS)
-                if entries:
-                    # Whatever else arrives within the interval joins this batch: one fold-in (and one new
-                    # model state, which empties the cached rows) per interval, not per write.
-                    if self.interval_s > 0 and self._stop.wait(self.interval_s):
+                if entries and self.interval_s > 0:
+                    # Whatever else arrives within the interval joins these: read again and fold them all
+                    # in at once (one new model state, which empties the cached rows, per interval).
+                    if self._stop.wait(self.interval_s):
                         return
+                    self.catch_up()
+                elif entries:
                     with self._lock:
                         if self.last == after:  # else a catch_up applied them meanwhile
                             self._apply(entries)

@@ -514,3 +514,18 @@ def test_a_read_with_after_waits_for_its_write_and_says_when_it_cannot(
     with App(tiny_artifact) as offline:  # no Redis: there is nothing to wait for
         r = offline.client.post("/predict", json={"user": "u9", "items": ["i1"]}, params={"after": "1-0"})
         assert r.status_code == 422 and r.json()["detail"][0]["type"] == "no_online_ratings"
+
+
+def test_ratings_arriving_within_the_interval_are_folded_in_together(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis, fold_in_interval_s=0.5) as api:
+        follower = api.client.app.state.scorer.follower  # type: ignore[attr-defined]
+        batches: list[int] = []
+        apply = follower.apply
+        follower.apply = lambda entries: (batches.append(len(entries)), apply(entries))[1]
+        for n in range(5):  # five writes well inside one interval
+            last = _write(api.client, _ratings(f"gather{n}", [("i1", 4)]))
+        body = api.client.post("/predict", json={"user": "gather4", "items": ["i1"]}, params={"after": last})
+        assert body.status_code == 200
+        assert batches == [5]  # one fold-in, one new model state
