@@ -287,13 +287,16 @@ class FoldIn:
             rows[k, cols[mine]] = np.fromiter(ratings.values(), dtype=np.float32)[mine]
         user_emb = _grown(old.user_emb, len(self._users))
         user_emb[users] = np.asarray(self._embed_rows(rows), dtype=np.float32).astype(np.float64)
+        stacked = stacked_decoder(old.bilinear)  # once per batch, not per user
         for user in users:  # the row branch's embedding, refined by the decoder's likelihood of the ratings
             if user < n and not self.refine_trained:
                 continue
             items, values = self._ratings_of(int(user))
             if len(items):
                 labels = nearest_level(values, old.levels)
-                user_emb[user] = refine_embedding(user_emb[user], item_emb[items], old.bilinear, labels)
+                user_emb[user] = refine_embedding(
+                    user_emb[user], item_emb[items], old.bilinear, labels, stacked=stacked
+                )
         # The float32 catalogue that whole-catalogue reads take stays the old one while no item changed.
         same = not len(embedded) and len(item_emb) == old.n_items
         table = old.item_table if same else None
@@ -346,15 +349,15 @@ def refine_embedding(
     labels: np.ndarray,
     prior: float = FOLD_IN_PRIOR,
     steps: int = FOLD_IN_STEPS,
+    stacked: np.ndarray | None = None,
 ) -> np.ndarray:
     """argmin_u -sum_k log softmax_l(u^T B_l v_k)[y_k] + prior ||u - u0||^2 by Newton's method with a
     backtracking line search: the user embedding that the bilinear decoder finds most likely for the user's
     ratings (levels `labels` of the items with embeddings `item_emb` (K, d)), kept near the row branch's
-    `u0`: (d,)."""
+    `u0`: (d,). `stacked`: `stacked_decoder(bilinear)`, given when the caller refines several users."""
     p, d = bilinear.shape[0], bilinear.shape[2]
-    # w[k, l] = B_l v_k, as one matrix product: (K, d) @ (d, p d) -> (K, p, d)
-    stacked = np.ascontiguousarray(np.transpose(bilinear, (2, 0, 1)), dtype=np.float64).reshape(d, p * d)
-    w = (np.asarray(item_emb, dtype=np.float64) @ stacked).reshape(len(item_emb), p, d)
+    stacked = stacked_decoder(bilinear) if stacked is None else stacked
+    w = (np.asarray(item_emb, dtype=np.float64) @ stacked).reshape(len(item_emb), p, d)  # w[k, l] = B_l v_k
     rows = np.arange(len(labels))
     target = np.zeros(w.shape[:2])
     target[rows, labels] = 1.0
@@ -394,6 +397,14 @@ def refine_embedding(
         u, value = candidate, new_value
     out: np.ndarray = u
     return out
+
+
+def stacked_decoder(bilinear: np.ndarray) -> np.ndarray:
+    """The decoder's (p, d, d) weights as one (d, p d) float64 matrix: item embeddings (K, d) times it
+    give every B_l v_k at once, (K, p d)."""
+    p, d = bilinear.shape[0], bilinear.shape[2]
+    out: np.ndarray = np.ascontiguousarray(np.transpose(bilinear, (2, 0, 1)), dtype=np.float64)
+    return out.reshape(d, p * d)
 
 
 def _solve_spd(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:

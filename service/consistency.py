@@ -14,6 +14,7 @@ import redis
 from fastapi import HTTPException, Query
 from starlette.concurrency import run_in_threadpool
 
+from service.errors import invalid
 from service.online import stream_order
 from service.scoring import Scorer
 
@@ -43,16 +44,8 @@ async def wait_applied(scorer: Scorer, after: str | None, timeout_s: float) -> N
     if after is None:
         return
     if scorer.follower is None:
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["query", "after"],
-                    "type": "no_online_ratings",
-                    "msg": "this service takes no online ratings (no REDIS_URL): nothing to wait for",
-                }
-            ],
-        )
+        msg = "this service takes no online ratings (no REDIS_URL): nothing to wait for"
+        raise invalid(["query", "after"], "no_online_ratings", msg)
     if applied(scorer, after):
         return
     assert scorer.ratings is not None
@@ -61,17 +54,11 @@ async def wait_applied(scorer: Scorer, after: str | None, timeout_s: float) -> N
     except redis.RedisError:
         newest = None  # cannot tell: wait for it
     if newest is not None and stream_order(after) > stream_order(newest):
-        raise HTTPException(
-            status_code=422,
-            detail=[
-                {
-                    "loc": ["query", "after"],
-                    "type": "no_such_rating",
-                    "msg": f"the rating stream has no entry {after} (its newest is {newest}): an id "
-                    "that POST /ratings of this service did not return",
-                }
-            ],
+        msg = (
+            f"the rating stream has no entry {after} (its newest is {newest}): an id that POST /ratings "
+            "of this service did not return"
         )
+        raise invalid(["query", "after"], "no_such_rating", msg)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not applied(scorer, after):

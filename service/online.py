@@ -23,6 +23,7 @@ from redis.retry import Retry
 
 from model.stream import redact_url, stream_key
 from service.metrics import Metrics
+from service.schemas import MAX_ID_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ class Entry:
     item: str
     rating: float
 
+    def fields(self) -> dict[str, str]:
+        """Its stream fields, as the dead-letter stream shows a refused entry's."""
+        return {"user": self.user, "item": self.item, "rating": repr(self.rating)}
+
 
 @dataclass(frozen=True)
 class Poison:
@@ -59,10 +64,6 @@ class Poison:
     id: str
     fields: dict[str, str]
     reason: str
-
-
-MAX_ID_LENGTH = 256
-"""Longest user or item id an entry may carry (what POST /ratings accepts)."""
 
 
 def _client(url: str, timeout_s: float) -> redis.Redis:
@@ -251,17 +252,7 @@ class Follower:
         poison = [e for e in entries if isinstance(e, Poison)] + self.check(valid)
         refused = {p.id for p in poison}
         for bad in sorted(poison, key=lambda p: stream_order(p.id)):
-            if self.ratings.dead_letter(bad):
-                log.error(
-                    "stream entry %s of %s cannot be applied (%s): skipped, copied to %s",
-                    bad.id,
-                    self.ratings.key,
-                    bad.reason,
-                    self.ratings.dead_key,
-                )
-            self.skipped += 1
-            self.last_skipped = bad
-            self.metrics.entries_skipped.inc()
+            self._skip(bad)
         valid = [e for e in valid if e.id not in refused]
         if valid:
             try:
@@ -272,15 +263,26 @@ class Follower:
                     try:
                         self.apply([entry])
                     except Exception as exc:
-                        fields = {"user": entry.user, "item": entry.item, "rating": repr(entry.rating)}
-                        bad = Poison(entry.id, fields, f"fold-in failed: {type(exc).__name__}: {exc}")
-                        self.ratings.dead_letter(bad)
-                        self.skipped += 1
-                        self.last_skipped = bad
-                        self.metrics.entries_skipped.inc()
+                        reason = f"fold-in failed: {type(exc).__name__}: {exc}"
+                        self._skip(Poison(entry.id, entry.fields(), reason))
         self.last = entries[-1].id
         self.metrics.ratings_applied.inc(len(entries) - len(poison))
         return len(entries)
+
+    def _skip(self, bad: Poison) -> None:
+        """Copy a poison entry to the dead-letter stream (logged by whichever worker copies it first) and
+        count it as skipped."""
+        if self.ratings.dead_letter(bad):
+            log.error(
+                "stream entry %s of %s cannot be applied (%s): skipped, copied to %s",
+                bad.id,
+                self.ratings.key,
+                bad.reason,
+                self.ratings.dead_key,
+            )
+        self.skipped += 1
+        self.last_skipped = bad
+        self.metrics.entries_skipped.inc()
 
     def start(self) -> None:
         """Start the tail thread."""

@@ -337,7 +337,7 @@ class Scorer:
         ratings = np.fromiter((e.rating for e in entries), dtype=np.float64, count=len(entries))
         on_level = np.isclose(ratings[:, None], self.levels[None, :], rtol=0, atol=1e-9).any(axis=1)
         return [
-            Poison(e.id, {"user": e.user, "item": e.item, "rating": repr(e.rating)}, "rating off the levels")
+            Poison(e.id, e.fields(), "rating off the levels")
             for e, ok in zip(entries, on_level.tolist(), strict=True)
             if not ok
         ]
