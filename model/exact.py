@@ -82,7 +82,7 @@ from model.engine import (
     softmax,
     softmax_inplace,
 )
-from model.ratings import LineIndex, Ratings, ranges
+from model.ratings import LineIndex, Ratings, ranges, stable_order
 from model.types import FloatArray, IntArray
 
 DENSE_TABLE_MAX = 8192
@@ -171,6 +171,27 @@ class FactorizedGraph:
         """H = sum_l a_{i_l} b_{j_l}^T, so that sum_l s(k, l) = a_i^T H b_j: (D, D)."""
         out: FloatArray = self.aggregate(np.ones((len(self.rows), 1)))[0]
         return out
+
+
+def clamped_sums(
+    a: np.ndarray, b: np.ndarray, rows: IntArray, cols: IntArray, labels: IntArray, compat: FloatArray
+) -> FloatArray:
+    """`FactorizedGraph.aggregate` of a few entries clamped to their labels (weights compat[labels]),
+    then their `total`: sum_l compat[label_l, u] a_{i_l} b_{j_l}^T for every level u, then
+    sum_l a_{i_l} b_{j_l}^T: (p + 1, D, D). One sparse product sums each row's item vectors per label
+    (rows x p, D), the compatibility mixes them per level, one matrix product takes them to D x D:
+    O(K D + rows p D^2), what an online batch's changed rows cost."""
+    users, inverse = np.unique(rows, return_inverse=True)
+    p, d = len(compat), b.shape[1]
+    by_label = sp.csr_matrix(
+        (np.ones(len(rows)), (inverse * p + labels, cols)), shape=(len(users) * p, len(b))
+    )
+    sums = np.asarray(by_label @ b).reshape(len(users), p, d)  # [r, v]: row r's items labelled v
+    per_row = np.empty((len(users), p + 1, d))
+    per_row[:, :p] = np.einsum("rvd,vu->rud", sums, compat)
+    per_row[:, p] = sums.sum(axis=1)
+    out = (a[users].T @ per_row.reshape(len(users), (p + 1) * d)).reshape(a.shape[1], p + 1, d)
+    return np.ascontiguousarray(out.transpose(1, 0, 2))
 
 
 NODE_CHUNK = 1 << 18
@@ -672,15 +693,26 @@ def co_rating_rows(
     norms = np.sqrt(np.bincount(cols, weights=centred * centred, minlength=m))
     by_row = LineIndex(rows, n) if by_row is None else by_row
     by_col = LineIndex(cols, m) if by_col is None else by_col
-    out = np.zeros((len(targets), m))
-    for k, target in enumerate(np.asarray(targets, dtype=np.int64)):
-        mine = by_col.of(int(target))  # the target column's ratings (one per row)
-        members, counts = by_row.members(rows[mine])  # every rating on those rows
-        weight = np.repeat(centred[mine], counts) * centred[members]
-        num = np.bincount(cols[members], weights=weight, minlength=m)
-        co = np.bincount(cols[members], minlength=m)  # rows that rated both
-        rho = num / np.maximum(norms[target] * norms, 1e-12) * (co / (co + shrink))
-        out[k] = np.maximum(rho, 0.0) ** power
+    targets = np.asarray(targets, dtype=np.int64)
+    index_type = _index_type(max(n, m, len(rows)))
+    # The targets' columns as rows of the (m, n) transpose, times the (n, m) matrix: their products with
+    # every column (the cosine's numerators), then the same of ones (the co-rating counts). Sparse: a
+    # target's row costs the ratings on the rows its column touches.
+    mine, counts = by_col.members(targets)
+    ptr = np.r_[0, np.cumsum(counts)].astype(index_type)
+    picked = rows[mine].astype(index_type)
+    whole = (centred[by_row.order], cols[by_row.order].astype(index_type), by_row.indptr.astype(index_type))
+    ones = np.ones(len(rows))
+    num = (
+        sp.csr_matrix((centred[mine], picked, ptr), shape=(len(targets), n))
+        @ sp.csr_matrix(whole, shape=(n, m))
+    ).toarray()
+    co = (
+        sp.csr_matrix((ones[: len(mine)], picked, ptr), shape=(len(targets), n))
+        @ sp.csr_matrix((ones, whole[1], whole[2]), shape=(n, m))
+    ).toarray()
+    rho = num / np.maximum(norms[targets, None] * norms[None, :], 1e-12) * (co / (co + shrink))
+    out: FloatArray = np.maximum(rho, 0.0) ** power
     return out
 
 
@@ -788,7 +820,7 @@ class ColumnMajor:
     def label_matrix(known: Ratings, labels: IntArray, p: int) -> sp.csr_matrix:
         """The (m p, n) matrix of ones whose row j p + v holds the users of column j's entries labelled v."""
         keys = known.cols * p + labels
-        order = np.argsort(keys, kind="stable")
+        order = stable_order(keys, known.n_items * p)
         index_type = _index_type(max(known.n_users, known.n_items * p + 1, len(known)))
         counts = np.bincount(keys, minlength=known.n_items * p)
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(index_type)
@@ -1714,9 +1746,11 @@ class ExactScorer:
         on_rows, _ = known.by_row.members(users[users < known.n_users])
         on_cols, _ = known.by_col.members(items[items < known.n_items])
         pos = np.union1d(on_rows, on_cols)
-        graph = FactorizedGraph(self.user_lifted, self.item_lifted, known.rows[pos], known.cols[pos])
-        t = self.compat[nearest_level(known.values[pos], self.network.levels)]
-        return graph.aggregate(t), graph.total()
+        labels = nearest_level(known.values[pos], self.network.levels)
+        sums = clamped_sums(
+            self.user_lifted, self.item_lifted, known.rows[pos], known.cols[pos], labels, self.compat
+        )
+        return sums[:-1], sums[-1]
 
     def _lines(
         self,

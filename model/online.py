@@ -189,6 +189,7 @@ class FoldIn:
             m = self.artifact.config.n_items
             users: set[int] = set()
             items: set[int] = set()
+            pairs: dict[tuple[int, int], float] = {}  # this batch's latest rating of each pair
             for user, item, value in ratings:
                 i = self._user_index.get(user)
                 if i is None:
@@ -204,10 +205,11 @@ class FoldIn:
                     self._new_items[j] = {**self._new_items.get(j, {}), i: float(value)}
                     items.add(j)
                 users.add(i)
+                pairs[i, j] = float(value)
             touched_users = np.array(sorted(users), dtype=np.int64)
             touched_items = np.array(sorted(items), dtype=np.int64)
             network, embedded_items, touched_users = self._network(touched_users, touched_items)
-            known = self._known(touched_users)
+            known = self._known(pairs, embedded_items)
             self._refit_biases(touched_users, touched_items)
             old = self.state
             scorer = old.scorer.updated(network, known, touched_users, embedded_items)
@@ -221,27 +223,37 @@ class FoldIn:
                 dict(self._online),  # the inner dicts are never changed, only replaced
             )
 
-    def _known(self, users: IntArray) -> Ratings:
+    def _known(self, pairs: dict[tuple[int, int], float], embedded: IntArray) -> Ratings:
         """The CRF's known ratings: the artifact's less those re-rated online, then every online rating of
-        an item that has an embedding."""
+        an item that has an embedding. The published ones with this batch's `pairs` changed in place or
+        appended, and the ratings of the items `embedded` just now appended (`Ratings.changed`: no
+        rebuild, so a batch costs what it changes, not all N ratings)."""
         base = self._base
-        for user in users:
+        for user, item in pairs:  # the artifact's ratings re-rated now
             if user < base.n_users:
-                pos = base.by_row.of(int(user))
-                rerated = np.isin(base.cols[pos], np.fromiter(self._online[int(user)], dtype=np.int64))
-                self._keep[pos[rerated]] = False
-        rows, cols, values = [], [], []
-        for user, ratings in self._online.items():
-            items = np.fromiter(ratings.keys(), dtype=np.int64, count=len(ratings))
-            keep = self._embedded[items]
-            rows.append(np.full(int(keep.sum()), user, dtype=np.int64))
-            cols.append(items[keep])
-            values.append(np.fromiter(ratings.values(), dtype=np.float64, count=len(ratings))[keep])
-        keep = self._keep
-        return Ratings(
-            np.concatenate([base.rows[keep], *rows]),
-            np.concatenate([base.cols[keep], *cols]),
-            np.concatenate([base.values[keep], *values]),
+                pos = base.by_row.of(user)
+                self._keep[pos[base.cols[pos] == item]] = False
+        changes = {pair: value for pair, value in pairs.items() if self._embedded[pair[1]]}
+        for item in embedded.tolist():  # first embedded now: every online rating of it joins
+            changes.update({(user, item): value for user, value in self._new_items[item].items()})
+        old = self.state.known
+        at, values, rows, cols, added = [], [], [], [], []
+        for (user, item), value in changes.items():
+            pos = old.by_row.of(user) if user < old.n_users else np.empty(0, dtype=np.int64)
+            hit = pos[old.cols[pos] == item]
+            if len(hit):
+                at.append(int(hit[0]))
+                values.append(value)
+            else:
+                rows.append(user)
+                cols.append(item)
+                added.append(value)
+        return old.changed(
+            np.array(at, dtype=np.int64),
+            np.array(values, dtype=np.float64),
+            np.array(rows, dtype=np.int64),
+            np.array(cols, dtype=np.int64),
+            np.array(added, dtype=np.float64),
             len(self._users),
             len(self._items),
         )

@@ -53,6 +53,20 @@ class LineIndex:
         """Number of entries on each of `lines`."""
         return self.indptr[lines + 1] - self.indptr[lines]
 
+    def appended(self, line: IntArray, first: int, n_lines: int) -> LineIndex:
+        """The index once entries on `line` (k,) were appended at positions first, first + 1, ...: each
+        goes after its line's existing entries, as a rebuild would put it, in O(N + k log k), no sort of
+        the N entries."""
+        grown = np.full(n_lines + 1, self.indptr[-1], dtype=np.int64)
+        grown[: len(self.indptr)] = self.indptr
+        out = LineIndex.__new__(LineIndex)
+        fresh = np.argsort(line, kind="stable")  # the appended entries by line, in position order
+        out.order = np.insert(self.order, grown[line[fresh] + 1], fresh + first)
+        counts = np.bincount(line, minlength=n_lines)
+        out.indptr = grown
+        out.indptr[1:] += np.cumsum(counts)
+        return out
+
     def members(self, lines: IntArray) -> tuple[IntArray, IntArray]:
         """Entries on each of the distinct `lines` (grouped, in line order) and their counts."""
         starts, counts = self.indptr[lines], self.counts(lines)
@@ -89,6 +103,42 @@ class Ratings:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def changed(
+        self,
+        at: IntArray,
+        values: FloatArray,
+        rows: IntArray,
+        cols: IntArray,
+        added: FloatArray,
+        n_users: int,
+        n_items: int,
+    ) -> Ratings:
+        """These ratings with the values at positions `at` replaced by `values`, then (rows, cols, added)
+        appended (pairs not among them), in an n_users x n_items matrix at least as large: the same
+        entries in the same order as `Ratings` of the concatenated arrays, its indexes extended rather
+        than rebuilt (O(N) copies, no sort of the N ratings)."""
+        if n_users < self.n_users or n_items < self.n_items:
+            raise ValueError("the matrix can only grow")
+        rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= n_users or cols.min() < 0 or cols.max() >= n_items):
+            raise ValueError(f"rating indices outside the {n_users} x {n_items} matrix")
+        new_values = self.values.copy()
+        new_values[np.asarray(at, dtype=np.int64)] = values
+        out = Ratings.__new__(Ratings)
+        first = len(self)
+        fields = {
+            "rows": np.concatenate([self.rows, rows]),
+            "cols": np.concatenate([self.cols, cols]),
+            "values": np.concatenate([new_values, np.asarray(added, dtype=np.float64)]),
+            "n_users": n_users,
+            "n_items": n_items,
+            "by_row": self.by_row.appended(rows, first, n_users),
+            "by_col": self.by_col.appended(cols, first, n_items),
+        }
+        for name, value in fields.items():
+            object.__setattr__(out, name, value)
+        return out
 
     def dense_rows(self, users: IntArray) -> np.ndarray:
         """Dense rating rows (0 = not rated) of `users`: (b, n_items) float32, the row branch's input."""

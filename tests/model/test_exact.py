@@ -72,6 +72,18 @@ def test_factorised_messages_equal_dense(
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_clamped_sums_equal_the_graphs_aggregate_and_total() -> None:
+    # What an online batch adds to and takes from the field: its entries' sums, clamped to their labels.
+    a, b, rows, cols, _ = _graph(seed=4)
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 3, len(rows))
+    compat = rng.random((3, 3))
+    graph = exact.FactorizedGraph(a, b, rows, cols)
+    sums = exact.clamped_sums(a, b, rows, cols, labels, compat)
+    np.testing.assert_allclose(sums[:-1], graph.aggregate(compat[labels]), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sums[-1], graph.total(), rtol=1e-12, atol=1e-12)
+
+
 def _dense_messages(s: np.ndarray, q_prime: np.ndarray, scaling: str, scale: float) -> np.ndarray:
     """The messages of a dense similarity matrix s under a scaling (`exact.scaled_messages`' definition)."""
     want: np.ndarray = s @ q_prime

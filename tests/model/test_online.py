@@ -14,6 +14,7 @@ from model.engine import OnnxNetwork
 from model.exact import ExactScorer
 from model.online import FoldIn, refine_embedding
 from model.paper import PaperScorer
+from model.ratings import Ratings
 from model.scorers import build_scorer
 
 
@@ -232,6 +233,30 @@ def test_the_state_depends_on_the_ratings_not_on_their_batches(artifact: Artifac
     pa = a.scorer.predict(rows, cols, a.network.probabilities(rows, cols))
     pb = b.scorer.predict(rows, cols, b.network.probabilities(rows, cols))
     np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-10)
+
+
+def test_the_known_ratings_are_the_artifacts_less_the_rerated_then_the_online_ones(
+    artifact: Artifact,
+) -> None:
+    # Extended batch by batch (Ratings.changed), never rebuilt: the same ratings as the rule, and indexes
+    # equal to a rebuild's.
+    fold, _ = _fold(artifact, EXACT)
+    batch = [*_batch(artifact), ("stranger", "gadget", 5.0), (artifact.users.external(4), "gadget", 2.0)]
+    for part in (batch[:2], batch[2:5], batch[5:6], batch[6:]):
+        fold.apply(part)
+    known = fold.state.known
+    expected = {
+        (int(i), int(j)): float(v)
+        for i, j, v in zip(artifact.known().rows, artifact.known().cols, artifact.known().values, strict=True)
+    }
+    for user, item, value in batch:
+        expected[fold.user_index(user), int(fold.item_indices([item])[0])] = value
+    got = {(int(i), int(j)): float(v) for i, j, v in zip(known.rows, known.cols, known.values, strict=True)}
+    assert len(got) == len(known) and got == expected  # "gadget" is embedded once user 4 (trained) rated it
+    rebuilt = Ratings(known.rows, known.cols, known.values, known.n_users, known.n_items)
+    for index in ("by_row", "by_col"):
+        np.testing.assert_array_equal(getattr(known, index).order, getattr(rebuilt, index).order)
+        np.testing.assert_array_equal(getattr(known, index).indptr, getattr(rebuilt, index).indptr)
 
 
 def test_a_top_n_read_of_the_updated_field_equals_the_general_path(artifact: Artifact) -> None:

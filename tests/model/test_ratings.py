@@ -119,3 +119,37 @@ def test_network_reads_float32_embeddings_in_float64() -> None:
     u, v = net.user_unit, net.item_unit
     assert sim[0, 1] == pytest.approx((1 + u[0] @ u[5]) / 2 * (1 + v[3] @ v[0]) / 2)
     np.testing.assert_allclose(np.diag(sim), 1.0)
+
+
+def test_changed_ratings_equal_ratings_built_from_their_arrays() -> None:
+    before = _ratings(3)
+    at = np.array([0, 4])
+    grown = before.changed(
+        at,
+        np.array([5.0, 1.0]),
+        np.array([6, 0, 7, 6]),
+        np.array([4, 4, 1, 0]),
+        np.array([2.0, 3.0, 4.0, 5.0]),
+        8,
+        5,
+    )
+    values = before.values.copy()
+    values[at] = [5.0, 1.0]
+    rebuilt = Ratings(
+        np.r_[before.rows, 6, 0, 7, 6],
+        np.r_[before.cols, 4, 4, 1, 0],
+        np.r_[values, 2.0, 3.0, 4.0, 5.0],
+        8,
+        5,
+    )
+    for name in ("rows", "cols", "values"):
+        np.testing.assert_array_equal(getattr(grown, name), getattr(rebuilt, name))
+    for index in ("by_row", "by_col"):
+        np.testing.assert_array_equal(getattr(grown, index).order, getattr(rebuilt, index).order)
+        np.testing.assert_array_equal(getattr(grown, index).indptr, getattr(rebuilt, index).indptr)
+    # the original is left as it was
+    np.testing.assert_array_equal(before.values, _ratings(3).values)
+    with pytest.raises(ValueError, match="outside"):
+        before.changed(at[:0], values[:0], np.array([9]), np.array([0]), np.array([1.0]), 8, 5)
+    with pytest.raises(ValueError, match="grow"):
+        before.changed(at[:0], values[:0], at[:0], at[:0], values[:0], 6, 5)
