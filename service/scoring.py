@@ -77,6 +77,15 @@ def release_memory() -> None:
 _LIBC = _libc()
 
 
+def fold_in_refine(artifact: Artifact, settings: Settings) -> str:
+    """The fold-in's refinement policy in force: DCMC_FOLD_IN_REFINE, or with `auto` the artifact's choice
+    on its validation ratings (config.json `fold_in`), `all` where it has none."""
+    if settings.fold_in_refine != "auto":
+        return settings.fold_in_refine
+    chosen = artifact.meta.get("fold_in", {}).get("refine")
+    return chosen if chosen in ("all", "new") else "all"
+
+
 def effective_inference(stored: InferenceConfig, settings: Settings) -> InferenceConfig:
     """The artifact's inference setting with the service's overrides (DCMC_INFERENCE__...) applied."""
     return stored.with_overrides(inference_overrides(settings))
@@ -224,15 +233,16 @@ class Scorer:
             self.inference,
             self._embed_rows,
             self._embed_cols,
-            refine_trained=settings.fold_in_refine == "all",
+            refine_trained=fold_in_refine(artifact, settings) == "all",
         )
         source = getattr(self.fold.state.scorer, "field_source", None)
         log.info(
-            "model %s ready in %.2fs (inference %s%s)",
+            "model %s ready in %.2fs (inference %s%s; fold-in refines %s)",
             self.version,
             time.perf_counter() - start,
             self.inference.mode,
             f", known field {source}" if source else "",
+            "every rating user" if self.fold.refine_trained else "new users only",
         )
         self.retry_s = settings.redis_retry_s
         self.settings = settings

@@ -116,6 +116,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    from training.fold_in import choose_and_write
     from training.tune import tune_artifact
 
     result = tune_artifact(
@@ -125,9 +126,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
+    fold_in = choose_and_write(args.artifacts, args.seed)  # it depends on the inference just chosen
     r = result.record
     summary = {k: r[k] for k in ("trials_run", "seconds", "best_val_rmse", "base_network_val_rmse", "why")}
-    print(json.dumps({"artifacts": str(args.artifacts), "chosen": result.chosen.to_dict(), **summary}))
+    chosen = result.chosen.to_dict()
+    refine = fold_in.get("refine", "all")
+    print(
+        json.dumps({"artifacts": str(args.artifacts), "chosen": chosen, **summary, "fold_in_refine": refine})
+    )
     return 0
 
 
@@ -305,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--no-tune",
         action="store_true",
-        help="do not search the inference settings after training (the artifact serves the generic start)",
+        help="do not search the inference settings nor choose the fold-in policy on validation after "
+        "training (the artifact serves the generic start and refines every rating user at fold-in)",
     )
     t.add_argument("--tune-trials", type=int, help=f"trials of the search (default {DEFAULT_TRIALS})")
     t.add_argument("--tune-timeout", type=float, help="stop the search after this many seconds")

@@ -23,6 +23,7 @@ from training.config import (
 )
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
+from training.fold_in import choose_and_write
 from training.online import read_online_ratings, with_online
 from training.trainer import train
 from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, start_inference, tune_artifact
@@ -178,7 +179,7 @@ def run_training(
     last = history.epochs[-1] if history.epochs else {}
     if history.best is not None:  # keep_best: the published network is that epoch's
         last = next(r for r in history.epochs if r["epoch"] == history.best["epoch"])
-    metrics = {
+    metrics: dict[str, Any] = {
         "train_seconds": round(seconds, 2),
         "epochs": train_cfg.epochs,
         "final_loss": last.get("loss"),
@@ -209,7 +210,18 @@ def run_training(
         if chosen.tune:
             metrics["tuning"] = _tune(out, tune, inference_over, len(val_entries or []), train_cfg.seed,
                                       tune_trials, tune_timeout, progress)  # fmt: skip
+        metrics["fold_in"] = _fold_in(out, tune, train_cfg.seed)
     return metrics
+
+
+def _fold_in(out: Path, enabled: bool, seed: int) -> dict[str, Any]:
+    """Choose the online fold-in's policy on the validation ratings (training/fold_in.py), or say why
+    not: a summary for the training metrics."""
+    if not enabled:
+        return {"skipped": "--no-tune: the service refines every rating user at fold-in"}
+    record = choose_and_write(out, seed)
+    keep = ("refine", "skipped", "rmse_all", "rmse_new", "difference_95", "fold_in_s_all", "fold_in_s_new")
+    return {k: v for k, v in record.items() if k in keep}
 
 
 def _tune(
