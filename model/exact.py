@@ -1050,6 +1050,7 @@ class KnownField:
     interp: LevelInterpolation | None = None
     columns: ColumnMajor | None = None
     g_anchors: np.ndarray | None = field(init=False, default=None, repr=False)
+    _stacked: np.ndarray | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.interp is not None:
@@ -1085,6 +1086,16 @@ class KnownField:
             products,
             similar,
         )
+
+    def stacked(self, with_total: bool) -> FloatArray:
+        """g, then h after it when `with_total`: (p [+ 1], D, D), made once per field."""
+        if not with_total:
+            return self.g
+        if self._stacked is None:
+            object.__setattr__(self, "_stacked", np.concatenate([self.g, self.h[None]]))
+        out = self._stacked
+        assert out is not None
+        return out
 
     def with_columns(
         self,
@@ -1579,6 +1590,23 @@ class ExactParts:
         return self._biases[key]
 
 
+@dataclass(frozen=True)
+class RowParts:
+    """The part of one user's answers that other users' ratings leave as it is (`ExactScorer.row_parts`):
+    valid while the user's ratings and embedding and the items stay the same."""
+
+    user: int
+    scores: FloatArray
+    """(m, p) the decoder's scores u^T B_l v_j of every item."""
+    own: FloatArray | None
+    """(m, p [+ 1]) the row terms' sums over every item (same-user, item co-rating; with the normaliser's
+    share as column p under `normalized`), or None without them."""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.scores.nbytes + (0 if self.own is None else self.own.nbytes))
+
+
 class ExactScorer:
     """The `exact` mode over one network and its known ratings: everything a query needs (the known
     field, the kernel's tables, the bias baseline) is computed at construction, taken from the artifact's
@@ -1844,6 +1872,84 @@ class ExactScorer:
         if baseline is None:
             return dist
         return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
+
+    def row_parts(self, user: int) -> RowParts | None:
+        """What of the user's answers over the whole catalogue depends on the user's own ratings and
+        embedding alone (and on the items'), so that it stays valid while other users' ratings arrive: the
+        decoder's scores and the row terms (same-user, item co-rating) over every item, float64. None when
+        the known entries are not clamped (their distributions then move with every rating)."""
+        if self.kernel.known != "clamped":
+            return None
+        net, lines = self.network, self.lines
+        decoder = np.matmul(net.user_emb[user], net.bilinear)  # (p, d)
+        scores = np.asarray(net.item_emb, dtype=np.float64) @ decoder.T  # (m, p)
+        own = None
+        if lines is not None and self.field.t is not None and (lines.same_user > 0 or lines.co_rating > 0):
+            row_terms = dataclasses.replace(lines, same_item=0.0, co_rating_user=0.0)
+            cols = np.arange(net.n_items, dtype=np.int64)
+            rows = np.full(net.n_items, user, dtype=np.int64)
+            normalized = self.kernel.scaling == "normalized"
+            own = row_terms.messages(self.field.t, self.user_lifted, self.item_lifted, rows, cols, normalized)
+        return RowParts(user, scores, own)
+
+    def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
+        """`unmixed` of the queries (parts.user, cols[k]) from the user's `row_parts` (taken from this
+        scorer or from an earlier one whose user and items were the same): the field's messages and the
+        column terms (same-item, user co-rating: other users' ratings) read now, the rest from `parts`. The
+        same numbers as `unmixed` to rounding, in float64 throughout."""
+        user, f, lines = parts.user, self.field, self.lines
+        normalized = self.kernel.scaling == "normalized"
+        stacked = f.stacked(normalized)
+        forms = row_products(self.item_lifted, np.matmul(self.user_lifted[user], stacked), cols)
+        p = f.g.shape[0]
+        msg, total = forms[:, :p], (forms[:, p] if normalized else None)
+        if lines is not None and lines.active and f.t is not None:
+            extra = np.zeros((len(cols), p + int(normalized)))
+            if parts.own is not None:
+                extra += parts.own[cols]
+            if lines.column_terms:
+                extra += self._column_terms(user, cols, normalized)
+            msg = msg + extra[:, :p]
+            if total is not None:
+                total = total + extra[:, p] + lines.prior_weight
+        if self.kernel.scaling == "scaled":
+            msg = msg * f.scale
+        elif total is not None:
+            msg = msg / np.maximum(total, 1e-12)[:, None]
+        dist = posterior(np.array(parts.scores[cols], dtype=np.float64, order="C"), msg, self.crf.gamma)
+        if self.biases is None:
+            return dist, None
+        mu, user_bias, item_bias = self.biases
+        return dist, item_bias[cols] + (mu + user_bias[user])
+
+    def _column_terms(self, user: int, cols: IntArray, with_total: bool) -> FloatArray:
+        """The column terms (same-item, user co-rating) of one user's queries: sum over the known l on
+        column j of e(i_l) t_l, e = lambda_i s_r(user, .) + lambda_c w_u(user, .) (`Lines.messages`),
+        with the sums of e alone after them when `with_total`: (K, p [+ 1]). For clamped entries
+        t_l = C[label_l]: the sums of e per label first (one bincount), then C."""
+        lines, t, known = self.lines, self.field.t, self.known
+        assert lines is not None and t is not None
+        if not isinstance(t, ClampedRows):
+            rows = np.full(len(cols), user, dtype=np.int64)
+            only = dataclasses.replace(lines, same_user=0.0, co_rating=0.0)
+            a, b = self.user_lifted, self.item_lifted
+            return only.messages(t, a, b, rows, cols, with_total, self.field.columns)
+        e = np.zeros(known.n_users)
+        if lines.same_item > 0:
+            e += lines.same_item * (self.user_lifted[: known.n_users] @ self.user_lifted[user])
+        if lines.co_rating_user > 0 and lines.user_affinity is not None:
+            lines.user_affinity.add_line(e, user, lines.co_rating_user)
+        members, counts = known.by_col.members(cols)
+        p = len(t.compat)
+        owner = np.repeat(np.arange(len(cols)), counts)
+        per_label = np.bincount(
+            owner * p + t.labels[members], weights=e[known.rows[members]], minlength=len(cols) * p
+        ).reshape(len(cols), p)
+        out = per_label @ t.compat
+        if with_total:
+            out = np.hstack([out, per_label.sum(axis=1, keepdims=True)])
+        result: FloatArray = out
+        return result
 
     def unmixed(
         self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None

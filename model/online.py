@@ -74,6 +74,16 @@ class OnlineState:
     online: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     """user -> item -> the user's latest online rating of it, for the ratings this state includes (every
     item and user index in it exists in this state)."""
+    changed: Mapping[int, int] = field(default_factory=dict)
+    """user -> `applied` of the state in which the user's known ratings or embedding last changed (users
+    no online rating changed are absent: still the artifact's)."""
+    items_changed: int = 0
+    """`applied` of the state in which an item was last added or embedded (0: the artifact's items)."""
+
+    def user_version(self, user: int) -> tuple[int, int]:
+        """What the user's own part of its answers depends on (`ExactScorer.row_parts`): equal in two
+        states when neither the user's ratings and embedding nor the items changed between them."""
+        return self.changed.get(user, 0), self.items_changed
 
     def baseline(self, user: int, items: IntArray) -> np.ndarray:
         """The bias baseline's ratings mu + b_user + c_j: (K,)."""
@@ -213,14 +223,18 @@ class FoldIn:
             self._refit_biases(touched_users, touched_items)
             old = self.state
             scorer = old.scorer.updated(network, known, touched_users, embedded_items)
+            applied = old.applied + len(ratings)
+            items_changed = len(embedded_items) > 0 or len(self._items) > len(old.embedded)
             self.state = OnlineState(
                 network,
                 known,
                 scorer,
-                old.applied + len(ratings),
+                applied,
                 self._embedded.copy(),
                 (self._mu, self._b.copy(), self._c.copy()),
                 dict(self._online),  # the inner dicts are never changed, only replaced
+                {**old.changed, **dict.fromkeys(touched_users.tolist(), applied)},
+                applied if items_changed else old.items_changed,
             )
 
     def _known(self, pairs: dict[tuple[int, int], float], embedded: IntArray) -> Ratings:

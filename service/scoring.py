@@ -22,7 +22,7 @@ import redis
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
-from model.exact import ExactScorer, baseline_mixture, level_distribution
+from model.exact import ExactScorer, RowParts, baseline_mixture, level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState
 from model.ratings import Ratings
@@ -204,6 +204,52 @@ class UserRows:
         return len(self._rows)
 
 
+class UserParts:
+    """Users' `RowParts` (model/exact.py: the decoder's scores and the row terms over the whole catalogue),
+    least recently used first out, within `max_bytes`. Unlike a `UserRows` row they outlive model states:
+    each is kept with the user's version (`OnlineState.user_version`) and read while it holds, so a rating
+    of another user leaves it valid. An answer from them reads the field and the column terms of its
+    state anew (`ExactScorer.from_parts`)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._parts: OrderedDict[int, tuple[tuple[int, int], RowParts]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, state: OnlineState, user: int) -> RowParts | None:
+        """The user's parts, if held and valid in `state`."""
+        with self._lock:
+            held = self._parts.get(user)
+            if held is None or held[0] != state.user_version(user):
+                return None
+            self._parts.move_to_end(user)
+            return held[1]
+
+    def put(self, state: OnlineState, user: int, parts: RowParts) -> None:
+        """Keep the user's parts of `state` (replacing older ones), dropping the least recently used beyond
+        `max_bytes`; not when the user's version moved on since `state`."""
+        with self._lock:
+            if parts.nbytes > self.max_bytes:
+                return
+            version = state.user_version(user)
+            held = self._parts.pop(user, None)
+            if held is not None:
+                self._bytes -= held[1].nbytes
+                if held[0] > version:  # a newer one is kept (states only grow)
+                    self._parts[user] = held
+                    self._bytes += held[1].nbytes
+                    return
+            self._parts[user] = (version, parts)
+            self._bytes += parts.nbytes
+            while self._bytes > self.max_bytes:
+                _, (_, old) = self._parts.popitem(last=False)
+                self._bytes -= old.nbytes
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+
 class NotDurable(Exception):
     """A write refused because DCMC_REQUIRE_DURABLE is set and Redis would not keep it through a crash."""
 
@@ -226,6 +272,9 @@ class Scorer:
         # couple the queries asked together), so only those can answer from a user's cached row.
         self.rows = UserRows(int(settings.user_cache_mb * 2**20) if self.inference.mode != "paper" else 0)
         self._row_hit, self._row_fill = metrics.user_rows.labels("hit"), metrics.user_rows.labels("fill")
+        self.parts = UserParts(int(settings.user_parts_mb * 2**20) if self.inference.mode == "exact" else 0)
+        self._parts_hit = metrics.user_rows.labels("parts_hit")
+        self._parts_fill = metrics.user_rows.labels("parts_fill")
         # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
         start = time.perf_counter()
         self.fold = FoldIn(
@@ -450,10 +499,37 @@ class Scorer:
         elif row is not None:
             self._row_hit.inc()
         if row is None:
-            return self._predict(state, user, items)
+            return self._from_parts(state, user, items) or self._predict(state, user, items)
         # Each gather from a row is a cache miss per item (rows outgrow the CPU's caches): only what is read.
         fallback = row.fallback[items] if row.any_fallback else np.zeros(len(items), dtype=bool)
         return row.ratings[items], row.distributions(items) if distributions else None, fallback
+
+    def _from_parts(
+        self, state: OnlineState, user: int, items: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """`_predict` from the user's `RowParts` (`UserParts`: computed and kept on a miss), or None where
+        the scorer has none (not `exact` with clamped known entries, or the cache off)."""
+        scorer = state.scorer
+        if self.parts.max_bytes <= 0 or not isinstance(scorer, ExactScorer):
+            return None
+        parts = self.parts.get(state, user)
+        if parts is None:
+            with self._engine_lock:
+                parts = scorer.row_parts(user)
+            if parts is None:
+                return None
+            self.parts.put(state, user, parts)
+            self._parts_fill.inc()
+        else:
+            self._parts_hit.inc()
+        with self._engine_lock:
+            dist, baseline = scorer.from_parts(parts, items)
+        if baseline is not None:
+            dist = baseline_mixture(dist, baseline, self.levels, scorer.output.baseline)
+        fallback = ~state.embedded[items]
+        self._fall_back(state, user, items, fallback, dist)
+        ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
+        return ratings, dist, fallback
 
     def row(self, user: int, state: OnlineState | None = None) -> np.ndarray:
         """The user's expected ratings over every item of `state` (default: now; cached: `UserRows`);

@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     """Per-worker memory for users' predictions over the whole catalogue (POST /predict answers a user's
     second request of a model state from it; GET /recommend fills it); 0 = off. Every online rating starts
     a new model state and so empties it (answers stay exact)."""
+    user_parts_mb: float = Field(default=128.0, ge=0)
+    """Per-worker memory for the part of users' answers that other users' ratings leave as it is (the
+    decoder's scores and the row terms over the whole catalogue, `exact` mode): POST /predict answers a
+    user from it in any later model state until that user's own ratings change; 0 = off."""
     onnx_threads: PositiveInt = 1
     """ONNX Runtime intra-op threads per worker (for embeddings recomputed on a cache miss)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

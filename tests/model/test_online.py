@@ -360,3 +360,53 @@ def test_refining_new_users_only_leaves_a_trained_user_with_its_row_branch_embed
     np.testing.assert_array_equal(  # a new user is refined either way
         both[True].state.network.user_emb[new], both[False].state.network.user_emb[new]
     )
+
+
+@pytest.mark.parametrize("scaling", ["normalized", "sum", "scaled"])
+def test_an_untouched_users_row_parts_answer_in_every_later_state(artifact: Artifact, scaling: str) -> None:
+    # ExactScorer.row_parts holds what depends on the user's own ratings and embedding: taken before
+    # other users' ratings arrive, it answers as the new state's scorer does (the field and the column
+    # terms read anew), as long as the user's version says it is unchanged.
+    overrides = {
+        **EXACT,
+        "kernel.scaling": scaling,
+        "kernel.same_item": 1.5,
+        "kernel.co_rating": 3.0,
+        "kernel.co_rating_user": 5.0,
+        "output.baseline": 0.3,
+    }
+    fold, _ = _fold(artifact, overrides)
+    batch = _batch(artifact)  # user 0 (trained) and a newcomer rate
+    watched = [3, 5, 9]
+    before = fold.state
+    assert isinstance(before.scorer, ExactScorer)
+    parts = {u: before.scorer.row_parts(u) for u in watched}
+    versions = {u: before.user_version(u) for u in watched}
+    fold.apply(batch[:1])
+    fold.apply(batch[2:])
+    state = fold.state
+    assert isinstance(state.scorer, ExactScorer)
+    cols = np.array([0, 2, 5, 7, 11])  # few of the catalogue: the general path reads them in float64
+    for user in watched:
+        assert state.user_version(user) == versions[user]
+        part = parts[user]
+        assert part is not None
+        got, got_base = state.scorer.from_parts(part, cols)
+        want, want_base = state.scorer.unmixed(np.full(len(cols), user), cols)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
+        assert got_base is not None and want_base is not None
+        np.testing.assert_allclose(got_base, want_base, rtol=0, atol=1e-12)
+        stale, _ = before.scorer.from_parts(part, cols)  # the old state's answer did move
+        assert np.abs(stale - got).max() > 1e-9 or scaling != "normalized"  # (unnormalized: saturated)
+    rater = int(artifact.train.rows[0])
+    assert state.user_version(rater) != before.user_version(rater)  # its parts must be computed again
+    fresh = state.scorer.row_parts(rater)
+    assert fresh is not None
+    np.testing.assert_allclose(
+        state.scorer.from_parts(fresh, cols)[0],
+        state.scorer.unmixed(np.full(len(cols), rater), cols)[0],
+        rtol=0,
+        atol=1e-10,
+    )
+    predicted, _ = _fold(artifact, {**overrides, "kernel.known": "predicted"})
+    assert isinstance(predicted.state.scorer, ExactScorer) and predicted.state.scorer.row_parts(3) is None

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -146,9 +147,13 @@ class RedisServer:
         self.password = password
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
+        self._scratch: str | None = None
 
     def start(self) -> RedisServer:
-        persistence = ["--appendonly", "no"]
+        # Its own directory even without persistence: a test that turns the append-only file on later
+        # (CONFIG SET) must not write it into the working directory.
+        self._scratch = None if self.directory is not None else tempfile.mkdtemp(prefix="dcmc-redis-")
+        persistence = ["--appendonly", "no", "--dir", str(self._scratch)]
         if self.directory is not None:
             persistence = ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)]
         if self.password:
@@ -184,6 +189,8 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from tests.service.conftest import App, RedisServer
 TOKEN = "rows-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ITEMS = [f"i{j}" for j in range(0, 50, 3)]
+FEW = [f"i{j}" for j in range(1, 50, 5)]
 EXACT = {
     "mode": "exact",
     "kernel": {"co_rating": 50.0, "co_rating_user": 50.0, "same_item": 1.0},
@@ -70,13 +71,13 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.kill()
 
 
-def _app(artifact: Path, server: RedisServer, **settings: Any) -> App:
-    return App(artifact, redis_url=server.url, write_token=TOKEN, inference=EXACT, **settings)
+def _app(artifact: Path, server: RedisServer, inference: dict[str, Any] = EXACT, **settings: Any) -> App:
+    return App(artifact, redis_url=server.url, write_token=TOKEN, inference=inference, **settings)
 
 
-def _predict(api: App, user: str, after: str | None = None) -> np.ndarray:
+def _predict(api: App, user: str, after: str | None = None, items: list[str] = ITEMS) -> np.ndarray:
     params = {"after": after} if after else None
-    r = api.client.post("/predict", json={"user": user, "items": ITEMS, "distribution": True}, params=params)
+    r = api.client.post("/predict", json={"user": user, "items": items, "distribution": True}, params=params)
     assert r.status_code == 200, r.text
     return np.array([[p["rating"], *p["distribution"]] for p in r.json()["predictions"]])
 
@@ -86,13 +87,14 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
 ) -> None:
     with (
         _app(tiny_artifact, redis_server) as api,
-        _app(tiny_artifact, redis_server, user_cache_mb=0) as plain,
+        _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
     ):
         first, second, third = (_predict(api, "u3") for _ in range(3))
         assert api.metric("dcmc_user_rows_total", event="fill") == 1  # computed on the second request
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # read on the third
         reference = _predict(plain, "u3")
         assert plain.metric("dcmc_user_rows_total", event="hit") == 0
+        assert plain.metric("dcmc_user_rows_total", event="parts_fill") == 0
         for got in (first, second, third):
             np.testing.assert_allclose(got, reference, rtol=0, atol=1e-9)
         # Another user's rating moves every answer (the known field is global): the cached row must go.
@@ -144,3 +146,45 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
         np.testing.assert_allclose(ratings[2], ratings[0], rtol=0, atol=1e-6)
         dists = [[p["distribution"] for p in a] for a in answers]  # the new item's: the baseline's alone
         np.testing.assert_allclose(dists[2], dists[0], rtol=0, atol=1e-6)
+
+
+def test_parts_outlive_other_users_ratings_and_answer_as_the_uncached_path(
+    tiny_artifact: Path, redis_server: RedisServer
+) -> None:
+    # A user's parts (decoder scores, row terms) stay valid while other users rate; the field and the
+    # column terms are read anew: after random writes (re-ratings, new users, a new item) every answer
+    # equals an uncached service's, and only the users who rated had theirs computed again.
+    rng = np.random.default_rng(5)
+    users = [f"u{k}" for k in range(0, 40, 4)]
+    clamped = {**EXACT, "kernel": {**EXACT["kernel"], "known": "clamped"}}  # parts need clamped entries
+    with (
+        _app(tiny_artifact, redis_server, clamped, user_cache_mb=0) as api,
+        _app(tiny_artifact, redis_server, clamped, user_cache_mb=0, user_parts_mb=0) as plain,
+    ):
+        for user in users:
+            _predict(api, user, items=FEW)
+        assert api.metric("dcmc_user_rows_total", event="parts_fill") == len(users)
+        raters = ["u8", "u20", "newcomer"]
+        for step in range(4):
+            batch = [
+                {
+                    "user": raters[k % 3],
+                    "item": f"i{int(rng.integers(50))}",
+                    "rating": int(rng.integers(1, 6)),
+                }
+                for k in range(6)
+            ]
+            if step == 2:
+                batch.append({"user": "u20", "item": "brand-new", "rating": 4})
+            r = api.client.post("/ratings", json={"ratings": batch}, headers=AUTH)
+            assert r.status_code == 200, r.text
+            last = r.json()["last_id"]
+            for user in users:
+                # (under a quarter of the catalogue: the uncached path reads it in float64, as parts do)
+                got = _predict(api, user, after=last, items=FEW)
+                np.testing.assert_allclose(got, _predict(plain, user, last, FEW), rtol=0, atol=1e-9)
+        hits = api.metric("dcmc_user_rows_total", event="parts_hit")
+        fills = api.metric("dcmc_user_rows_total", event="parts_fill")
+        assert hits + fills == 5 * len(users)
+        # Refilled: the two raters among them at every step, and everyone once at step 2 (a new item).
+        assert fills == len(users) + 4 * 2 + len(users) - 2
