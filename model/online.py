@@ -155,7 +155,9 @@ class FoldIn:
     def unseen(self, users: Sequence[str], items: Sequence[str]) -> tuple[set[str], set[str]]:
         """The user and item ids among these that neither the artifact nor any rating folded in (or being
         folded in) has: those a rating would add."""
-        return set(users) - self._user_index.keys(), set(items) - self._item_index.keys()
+        # Set comprehensions: `set - dict.keys()` would build a set of every key, per request.
+        known_users, known_items = self._user_index, self._item_index
+        return {u for u in users if u not in known_users}, {i for i in items if i not in known_items}
 
     def user_index(self, user: str, state: OnlineState | None = None) -> int | None:
         """The index of an external user id in `state` (default the published one), or None when it has no

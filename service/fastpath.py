@@ -1,17 +1,19 @@
-"""POST /predict's fast path: a pure ASGI middleware that answers a well-formed request for known ids
-without FastAPI's routing, dependency resolution and body handling, which cost more per request than a
-prediction from a cached user row (benchmarks/serve_floor.py).
+"""The fast paths of POST /predict and POST /ratings: a pure ASGI middleware that answers a well-formed
+request without FastAPI's routing, dependency resolution and body handling, which cost more per request
+than a prediction from a cached user row (benchmarks/serve_floor.py) and than storing a rating in Redis.
 
-It parses the body with pydantic-core (string ids: `StringIds`) and answers with
-`service.routes.predict.answer`, the function the FastAPI route answers with. Anything else (integer ids,
-invalid JSON or fields, unknown ids, an oversized request, a query string such as `after`, the model still
-loading, the `paper` mode) goes
-on to the FastAPI route with the body replayed: every error is worded by the route, and the route's
-OpenAPI entry documents both.
+It parses the body with pydantic-core (string ids: `StringIds`, `StringRatings`) and answers with the
+function the FastAPI route answers with (`service.routes.predict.answer`, `service.routes.ratings.store`):
+their errors (unknown ids, a wrong token, a rating off the levels, Redis down) are worded by them and
+sent as FastAPI sends an HTTPException. Anything else (integer ids, invalid JSON or fields, an oversized
+request, a query string such as `after`, the model still loading, the `paper` mode for /predict) goes on
+to the FastAPI route with the body replayed: every validation error is worded by the route, and the
+route's OpenAPI entry documents both.
 """
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Annotated, Any
 
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from service.metrics import ASGIApp, Message, Receive, Scope, Send
 from service.routes.predict import answer
+from service.routes.ratings import store
 from service.schemas import MAX_ID_LENGTH
 
 _StringId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_LENGTH)]
@@ -37,12 +40,30 @@ class StringIds(BaseModel):
     distribution: bool = False
 
 
-ROUTE = SimpleNamespace(path="/predict")
+class StringRating(BaseModel):
+    """`RatingIn` with string ids only; what it accepts RatingIn accepts, with the same values."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: _StringId
+    item: _StringId
+    rating: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class StringRatings(BaseModel):
+    """`RatingsRequest` with string ids only (integer ids go on to the route)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratings: list[StringRating] = Field(min_length=1)
+
+
+ROUTES = {"/predict": SimpleNamespace(path="/predict"), "/ratings": SimpleNamespace(path="/ratings")}
 """What the metrics middleware reads as the route template of a request answered here."""
 
 
-class FastPredict:
-    """The fast path in front of the app; `state` is the FastAPI app's state (scorer, settings)."""
+class FastPath:
+    """The fast paths in front of the app; `state` is the FastAPI app's state (scorer, settings)."""
 
     def __init__(self, app: ASGIApp, state: Any) -> None:
         self.app = app
@@ -51,7 +72,7 @@ class FastPredict:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] != "http"
-            or scope["path"] != "/predict"
+            or scope["path"] not in ROUTES
             or scope["method"] != "POST"
             or scope.get("query_string")  # `after` (read-your-writes) and anything else: the route's
         ):
@@ -76,20 +97,59 @@ class FastPredict:
                 break
         raw = b"".join(chunks)
         scorer = getattr(self.state, "scorer", None)
-        payload = None
-        if scorer is not None and scorer.inference.mode != "paper" and _json(scope):
-            try:
-                ids = StringIds.model_validate_json(raw)
-                payload = answer(scorer, self.state.settings, ids.user, ids.items, ids.distribution)
-            except (ValidationError, HTTPException):
-                payload = None
-        if payload is None:
+        answered = None
+        if scorer is not None and _json(scope):
+            if scope["path"] == "/ratings":
+                answered = await self._ratings(scope, raw)
+            elif scorer.inference.mode != "paper":
+                try:
+                    ids = StringIds.model_validate_json(raw)
+                    payload = answer(scorer, self.state.settings, ids.user, ids.items, ids.distribution)
+                    answered = (200, payload, [])
+                except (ValidationError, HTTPException):
+                    answered = None
+        if answered is None:
             await self.app(scope, _replay(raw, receive), send)
             return
-        scope["route"] = ROUTE
+        status, payload, extra = answered
+        scope["route"] = ROUTES[scope["path"]]
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers + extra})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _ratings(self, scope: Scope, raw: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """POST /ratings answered here: (status, body, more headers), or None for the route (a body that
+        is not `StringRatings`). An HTTPException of `store` is sent as FastAPI sends it."""
+        try:
+            batch = StringRatings.model_validate_json(raw)
+        except ValidationError:
+            return None
+        authorization = _header(scope, b"authorization")
+        try:
+            stored = await store(self.state.scorer, self.state.settings, batch.ratings, authorization)
+        except HTTPException as exc:
+            body = {"detail": exc.detail}
+            more = [
+                (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (exc.headers or {}).items()
+            ]
+            return exc.status_code, _as_fastapi(body), more
+        return 200, _as_fastapi(stored.model_dump(mode="json")), []
+
+
+def _as_fastapi(content: Any) -> bytes:
+    """JSON as FastAPI's JSONResponse renders it."""
+    return json.dumps(
+        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode()
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a request header, as starlette reads it (latin-1), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            decoded: str = value.decode("latin-1")
+            return decoded
+    return None
 
 
 def _json(scope: Scope) -> bool:

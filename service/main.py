@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from model.artifact import load_artifact
-from service.fastpath import FastPredict
+from service.fastpath import FastPath
 from service.metrics import Metrics, MetricsMiddleware
 from service.reload import Reloader
 from service.routes import items, ops, predict, ratings, recommend, users
@@ -94,7 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(items.router)
     app.include_router(ratings.router, max_body_size=limit)
     app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_middleware(FastPredict, state=app.state)
+    app.add_middleware(FastPath, state=app.state)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last: outermost, so it counts both
     return app
 

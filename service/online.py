@@ -108,6 +108,10 @@ class RatingLog:
         """Append (user, item, rating) triples as one transaction; returns the last entry's id. Raises
         redis.RedisError when Redis fails: `stored_unknown(exc)` says whether the batch may have been stored
         (all of it or nothing: a transaction)."""
+        if len(ratings) == 1:  # one command is atomic by itself: no MULTI/EXEC around it
+            user, item, rating = ratings[0]
+            fields = {"user": user, "item": item, "rating": repr(float(rating))}
+            return _text(self.write_client.xadd(self.key, fields))  # type: ignore[arg-type]
         pipe = self.write_client.pipeline(transaction=True)
         for user, item, rating in ratings:
             pipe.xadd(self.key, {"user": user, "item": item, "rating": repr(float(rating))})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Protocol
 
 import numpy as np
 import redis
@@ -33,6 +34,14 @@ class RatingIn(BaseModel):
     user: ExternalId
     item: ExternalId
     rating: float = Field(allow_inf_nan=False)
+
+
+class Rating(Protocol):
+    """A parsed rating: `RatingIn`, or the fast path's (service/fastpath.py) with string ids."""
+
+    user: str
+    item: str
+    rating: float
 
 
 class RatingsRequest(BaseModel):
@@ -102,9 +111,16 @@ async def post_ratings(
     item (predicted by the bias baseline until a user the model was trained on rates it), up to
     DCMC_MAX_NEW_USERS and DCMC_MAX_NEW_ITEMS in all; a batch that would pass either is refused whole
     (422)."""
+    return await store(scorer, settings, body.ratings, authorization)
+
+
+async def store(
+    scorer: Scorer, settings: Settings, ratings: Sequence[Rating], authorization: str | None
+) -> RatingsResponse:
+    """What POST /ratings does with a parsed batch: authorize, check it, store it in Redis; HTTPException
+    says why not. The route and its fast path (service/fastpath.py) both answer with it."""
     token = settings.write_token.get_secret_value() if settings.write_token is not None else None
     _authorize(token, authorization)
-    ratings = body.ratings
     if len(ratings) > settings.max_ratings:
         raise too_long("ratings", len(ratings), settings.max_ratings, "DCMC_MAX_RATINGS", "entries")
     levels = scorer.levels
@@ -151,7 +167,7 @@ async def post_ratings(
     return RatingsResponse(accepted=len(batch), last_id=last, model_version=scorer.version)
 
 
-def _check_new_ids(scorer: Scorer, settings: Settings, ratings: list[RatingIn]) -> None:
+def _check_new_ids(scorer: Scorer, settings: Settings, ratings: Sequence[Rating]) -> None:
     """422 when the batch would take the users or items the model did not have past their limits."""
     users, items, new_users, new_items = scorer.new_ids([r.user for r in ratings], [r.item for r in ratings])
     errors = []

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from model.artifact import write_manifest
-from service.fastpath import FastPredict, StringIds
+from service.fastpath import FastPath, StringIds
 from service.routes.predict import answer
 from service.schemas import PredictRequest
 from tests.service.conftest import App
@@ -25,7 +25,7 @@ from tests.service.conftest import App
 ITEMS = ["i1", "i2", "i30"]
 
 
-def _call(fast: FastPredict, body: bytes, content_type: bytes | None = b"application/json") -> list[Any]:
+def _call(fast: FastPath, body: bytes, content_type: bytes | None = b"application/json") -> list[Any]:
     """One POST /predict through `fast`: the messages it sent."""
     headers = [(b"content-type", content_type)] if content_type is not None else []
     scope = {"type": "http", "method": "POST", "path": "/predict", "headers": headers}
@@ -70,7 +70,7 @@ def test_a_well_formed_request_is_answered_without_the_route(exact_app: App) -> 
     # The user's second miss caches the whole row, whose numbers equal a direct answer's only to rounding
     # (test_user_rows.py): a first answer here, so that every answer compared below comes from the row.
     answer(state.scorer, state.settings, "u2", ITEMS, True)
-    sent = _call(FastPredict(down, state), json.dumps(body).encode())
+    sent = _call(FastPath(down, state), json.dumps(body).encode())
     assert down.bodies == []
     assert sent[0]["status"] == 200
     assert sent[1]["body"] == answer(state.scorer, state.settings, "u2", ITEMS, True)
@@ -113,14 +113,14 @@ def test_the_fast_path_answers_byte_for_byte_as_the_fastapi_route(
     as_ints = json.dumps({"user": user, "items": items, "distribution": distribution}).encode()
     as_strings = json.dumps({"user": str(user), "items": list(map(str, items)), "distribution": distribution})
     down = Downstream()
-    _call(FastPredict(down, state), as_ints)
+    _call(FastPath(down, state), as_ints)
     assert down.bodies == [as_ints]  # integer ids: handed to the route
     by_route = numeric_app.client.post(
         "/predict", content=as_ints, headers={"content-type": "application/json"}
     )
     assert by_route.status_code == 200, by_route.text
     down = Downstream()
-    sent = _call(FastPredict(down, state), as_strings.encode())
+    sent = _call(FastPath(down, state), as_strings.encode())
     assert down.bodies == [] and sent[0]["status"] == 200  # answered by the fast path itself
     assert sent[1]["body"] == by_route.content
     assert len(by_route.json()["predictions"]) == len(items)
@@ -144,7 +144,7 @@ def test_anything_else_reaches_the_route_with_its_body(
     exact_app: App, body: bytes, content_type: bytes
 ) -> None:
     down = Downstream()
-    sent = _call(FastPredict(down, exact_app.client.app.state), body, content_type)  # type: ignore[attr-defined]
+    sent = _call(FastPath(down, exact_app.client.app.state), body, content_type)  # type: ignore[attr-defined]
     assert down.bodies == [body]
     assert sent[0]["status"] == 599
 
@@ -206,3 +206,94 @@ def test_an_oversized_body_gets_413_through_the_fast_path_too(exact_app: App) ->
 
     assert exact_app.client.post("/predict", content=chunks(), headers=headers).status_code == 413
     assert exact_app.client.post("/predict", json={"user": "u2", "items": ITEMS}).status_code == 200
+
+
+# -- POST /ratings ------------------------------------------------------------------------------------------
+
+TOKEN = "fast-token"
+
+
+def _post(fast: FastPath, body: bytes, authorization: bytes | None) -> list[Any]:
+    """One POST /ratings through `fast`: the messages it sent."""
+    headers = [(b"content-type", b"application/json")]
+    if authorization is not None:
+        headers.append((b"authorization", authorization))
+    scope = {"type": "http", "method": "POST", "path": "/ratings", "headers": headers}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    sent: list[Any] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(fast(scope, receive, send))
+    return sent
+
+
+@pytest.fixture()
+def writing_app(tiny_artifact: Path) -> Iterator[App]:
+    from tests.service.conftest import RedisServer
+
+    server = RedisServer().start()
+    try:
+        with App(tiny_artifact, redis_url=server.url, write_token=TOKEN, max_new_users=1) as api:
+            yield api
+    finally:
+        server.kill()
+
+
+def test_a_well_formed_rating_batch_is_stored_without_the_route(writing_app: App) -> None:
+    state = writing_app.client.app.state  # type: ignore[attr-defined]
+    down = Downstream()
+    body = json.dumps({"ratings": [{"user": "u2", "item": "i3", "rating": 4}]}).encode()
+    sent = _post(FastPath(down, state), body, f"Bearer {TOKEN}".encode())
+    assert down.bodies == [] and sent[0]["status"] == 200
+    answer = orjson.loads(sent[1]["body"])
+    assert answer["accepted"] == 1 and answer["model_version"] == state.scorer.version
+    stream = state.scorer.ratings
+    assert [(e.id, e.user, e.item, e.rating) for e in stream.read("0")] == [
+        (answer["last_id"], "u2", "i3", 4.0)
+    ]
+    # integer ids and anything not strictly typed: the route's, with the body intact
+    for raw in (
+        b'{"ratings": [{"user": 2, "item": "i3", "rating": 4}]}',
+        b'{"ratings": [{"user": "u2", "item": "i3", "rating": "4"}]}',
+        b'{"ratings": []}',
+    ):
+        down = Downstream()
+        assert _post(FastPath(down, state), raw, f"Bearer {TOKEN}".encode())[0]["status"] == 599
+        assert down.bodies == [raw]
+
+
+@pytest.mark.parametrize(
+    ("ratings", "authorization"),
+    [
+        ([{"user": "u2", "item": "i3", "rating": 5}], f"Bearer {TOKEN}"),
+        ([{"user": "u2", "item": "i3", "rating": 5}], None),
+        ([{"user": "u2", "item": "i3", "rating": 5}], "Bearer wrong"),
+        (
+            [{"user": "u2", "item": "i3", "rating": 4.5}, {"user": "u4", "item": "i1", "rating": 0}],
+            f"Bearer {TOKEN}",
+        ),
+        (
+            [{"user": "new-1", "item": "i3", "rating": 5}, {"user": "new-2", "item": "i3", "rating": 5}],
+            f"Bearer {TOKEN}",
+        ),
+    ],
+)
+def test_the_ratings_fast_path_answers_as_the_route(
+    writing_app: App, ratings: list[dict[str, Any]], authorization: str | None
+) -> None:
+    # A query string sends the same request to the FastAPI route: status, body and headers must agree.
+    headers = {"authorization": authorization} if authorization else {}
+    fast = writing_app.client.post("/ratings", json={"ratings": ratings}, headers=headers)
+    route = writing_app.client.post("/ratings?via=route", json={"ratings": ratings}, headers=headers)
+    assert fast.status_code == route.status_code
+    a, b = fast.json(), route.json()
+    if fast.status_code == 200:
+        assert a.pop("last_id") < b.pop("last_id")
+    assert a == b
+    for name in ("www-authenticate", "retry-after", "content-type"):
+        assert fast.headers.get(name) == route.headers.get(name)
