@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -410,6 +411,16 @@ class Service:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rpartition(" ")[2])
         return 0.0
+
+    def metrics_by(self, name: str, label: str) -> dict[str, float]:
+        """A labelled counter's values by that label (summed over the workers)."""
+        out: dict[str, float] = {}
+        pattern = re.compile(rf'^{re.escape(name)}{{.*{re.escape(label)}="([^"]*)".*}} (\S+)$')
+        for line in self.client.get("/metrics").text.splitlines():
+            match = pattern.match(line)
+            if match:
+                out[match.group(1)] = out.get(match.group(1), 0.0) + float(match.group(2))
+        return out
 
 
 # -- part 1: fold-in accuracy and the cold-start curve ------------------------------------------------------
@@ -1127,9 +1138,15 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
                 plan.append(("recommend@1 after writes", "/recommend", 1, scripts["recommend"]))
             for name, path, conns, script in plan:
                 writer = Writer(svc, users, items, levels, per_s=100) if "while" in name else None
+                cache_before = svc.metrics_by("dcmc_user_rows_total", "event")
                 results[name] = _wrk(svc.url, path, conns, d, script)
                 if writer is not None:
                     results[name]["ratings_written_during"] = writer.stop()
+                if path == "/predict":  # how the answers were made: cached rows, row parts, computed
+                    cache_after = svc.metrics_by("dcmc_user_rows_total", "event")
+                    results[name]["user_rows"] = {
+                        k: cache_after[k] - cache_before.get(k, 0.0) for k in sorted(cache_after)
+                    }
                 if name.startswith("ratings"):
                     results[name]["stream_length_after"] = int(redis_server.client.xlen(f"{prefix}:ratings"))
                 emit({"part": "speed", "run": name, **results[name]})
@@ -1414,6 +1431,24 @@ def speed_section(r: dict[str, Any]) -> list[str]:
         )
     lines += [
         "",
+    ]
+    made = [(n, x["user_rows"]) for n, x in res.items() if x.get("user_rows")]
+    if made:
+        lines += [
+            "How the /predict answers were made (dcmc_user_rows_total by event, both workers): `hit` from a "
+            "cached row of the state, `fill` a row computed, `parts_hit` from the user's row parts (read "
+            "with the state's field and column terms), `parts_fill` parts computed.",
+            "",
+            "| run | hit | fill | parts_hit | parts_fill |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {n} | {u.get('hit', 0):.0f} | {u.get('fill', 0):.0f} | {u.get('parts_hit', 0):.0f} | "
+                f"{u.get('parts_fill', 0):.0f} |"
+                for n, u in made
+            ),
+            "",
+        ]
+    lines += [
         f"After the runs: {r['stream_length']} ratings in the stream; dcmc_ratings_written_total "
         f"{r['ratings_written_metric']:.0f}, dcmc_ratings_applied_total {r['ratings_applied_metric']:.0f} "
         f"(summed over both workers: each worker applies every rating), dcmc_redis_errors_total "
