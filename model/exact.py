@@ -352,10 +352,14 @@ class DenseAffinity:
         """out += weight table[line, :len(out)] (a table grown past `out`'s lines reads their first)."""
         out += weight * self.table[line, : len(out)]
 
-    def grown(self, size: int) -> DenseAffinity:
-        """The table padded with zero lines (no neighbours) up to `size`."""
+    def grown(self, size: int) -> Affinity:
+        """The table padded with zero lines (no neighbours) up to `size`; past DENSE_TABLE_MAX lines (new
+        users arriving online) a sparse one of each line's strongest pairs (`SparseAffinity.from_dense`):
+        a dense table of size^2 float64 would grow quadratically with them."""
         if size <= len(self.table):
             return self
+        if size > DENSE_TABLE_MAX:
+            return SparseAffinity.from_dense(self.table, size)
         out = np.zeros((size, size))
         out[: len(self.table), : len(self.table)] = self.table
         return DenseAffinity(out)
@@ -457,6 +461,27 @@ class SparseAffinity:
         m = self.matrix
         indptr = np.concatenate([m.indptr, np.full(size - len(self), m.indptr[-1])])
         return SparseAffinity(sp.csr_matrix((m.data, m.indices, indptr), shape=(size, size)))
+
+    @classmethod
+    def from_dense(cls, table: FloatArray, size: int) -> SparseAffinity:
+        """A dense symmetric table cut to each line's CO_RATING_NEIGHBOURS largest positive weights and
+        their mirror images (as `with_lines` cuts a fresh line), with empty lines up to `size`. Chunks of
+        lines at a time: no second size^2 array."""
+        n = len(table)
+        k = min(CO_RATING_NEIGHBOURS, n)
+        keys = []
+        for lo in range(0, n, 1024):
+            chunk = table[lo : lo + 1024]
+            top = np.argpartition(chunk, n - k, axis=1)[:, n - k :]
+            r = np.repeat(np.arange(lo, lo + len(chunk)), k)
+            c = top.reshape(-1)
+            keep = table[r, c] > 0
+            keys += [r[keep] * n + c[keep], c[keep] * n + r[keep]]
+        flat = np.unique(np.concatenate(keys)) if keys else np.empty(0, dtype=np.int64)
+        rows, cols = flat // n, flat % n
+        matrix = sp.csr_matrix((table[rows, cols], (rows, cols)), shape=(size, size))
+        matrix.sort_indices()
+        return cls(matrix)
 
     def with_lines(self, lines: IntArray, fresh: FloatArray) -> SparseAffinity:
         """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size),

@@ -105,7 +105,12 @@ class FoldIn:
     ) -> None:
         self.artifact = artifact
         self.refine_trained = refine_trained
-        """Whether users the network was trained on are refined too (else: new users only)."""
+        """Whether users the network was trained on are refined too (else: the others only)."""
+        train = artifact.train
+        self._trained = train.by_row.counts(np.arange(train.n_users)) > 0
+        """(artifact users,) bool: which users the network was trained on, those with training ratings. A
+        user of the artifact's vocabulary without any (only held-out ratings, or none) is embedded from a
+        row the network never trained on, like a new user, and is always refined."""
         self._embed_rows, self._embed_cols = embed_rows, embed_cols
         network, scorer = artifact_scorer(artifact, inference)
         self._base = artifact.known()
@@ -317,7 +322,7 @@ class FoldIn:
         user_emb[users] = np.asarray(self._embed_rows(rows), dtype=np.float32).astype(np.float64)
         stacked = stacked_decoder(old.bilinear)  # once per batch, not per user
         for user in users:  # the row branch's embedding, refined by the decoder's likelihood of the ratings
-            if user < n and not self.refine_trained:
+            if user < n and self._trained[user] and not self.refine_trained:
                 continue
             items, values = self._ratings_of(int(user))
             if len(items):

@@ -291,7 +291,7 @@ class Scorer:
             time.perf_counter() - start,
             self.inference.mode,
             f", known field {source}" if source else "",
-            "every rating user" if self.fold.refine_trained else "new users only",
+            "every rating user" if self.fold.refine_trained else "users without training ratings only",
         )
         self.retry_s = settings.redis_retry_s
         self.settings = settings

@@ -53,10 +53,11 @@ class Settings(BaseSettings):
     it (a write is visible to its reader up to this much later)."""
     fold_in_refine: Literal["auto", "all", "new"] = "auto"
     """Which users an online rating's fold-in refines against the decoder (model/online.py): `all` the
-    users it touches, or `new` only users the network was not trained on (a trained user then keeps the
-    row branch's embedding of its updated row, as training embeds it); `auto`: the artifact's choice, made
-    on its validation ratings at training (training/fold_in.py; `all` for an artifact without one). `new`
-    folds in about 14x faster; `all` helps an under-trained network."""
+    users it touches, or `new` only users the network was not trained on (new users, and any without
+    training ratings; a trained user then keeps the row branch's embedding of its updated row, as training
+    embeds it); `auto`: the artifact's choice, made on its validation ratings at training
+    (training/fold_in.py; `all` for an artifact without one). `new` folds in about 14x faster; `all` helps
+    an under-trained network."""
     read_after_timeout_s: float = Field(default=1.0, ge=0)
     """How long a read with `after` (a stream id POST /ratings returned) waits for this worker to apply
     that rating before it answers 503 with Retry-After."""

@@ -744,3 +744,30 @@ def test_user_similarities_are_the_lifted_rows_products(dtype: type) -> None:
     tol = 1e-12 if dtype == np.float64 else 1e-6
     for user in (0, 17):
         np.testing.assert_allclose(network.user_similarities(user), a @ a[user], rtol=0, atol=tol)
+
+
+def test_a_dense_table_grown_past_the_limit_becomes_sparse(monkeypatch: pytest.MonkeyPatch) -> None:
+    # New users arriving online grow the user table: past DENSE_TABLE_MAX lines it keeps each line's
+    # strongest pairs (and their mirror images) instead of size^2 numbers.
+    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 12)
+    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 3)
+    rng = np.random.default_rng(2)
+    w = rng.random((10, 10)) - 0.3
+    table = np.maximum((w + w.T) / 2, 0.0)
+    dense = exact.DenseAffinity(table)
+    assert isinstance(dense.grown(12), exact.DenseAffinity)  # within the limit: still dense
+    sparse = dense.grown(14)
+    assert isinstance(sparse, exact.SparseAffinity) and len(sparse) == 14
+    got = sparse.toarray()
+    np.testing.assert_array_equal(got, got.T)
+    assert not got[10:].any()  # the new lines have no neighbours yet
+    for line in range(10):
+        strongest = np.sort(table[line])[-3:]
+        kept = got[line][got[line] > 0]
+        assert set(strongest[strongest > 0]) <= set(kept)  # its own strongest, plus mirrored ones
+        np.testing.assert_array_equal(got[line, :10][got[line, :10] > 0], table[line][got[line, :10] > 0])
+    # and it takes fresh lines as any sparse table does
+    fresh = np.zeros((1, 14))
+    fresh[0, [1, 2]] = [0.9, 0.4]
+    again = sparse.with_lines(np.array([12]), fresh).toarray()
+    assert again[12, 1] == again[1, 12] == 0.9

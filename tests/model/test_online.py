@@ -3,6 +3,7 @@ from scratch over the same ratings and embeddings; new users, re-ratings and the
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -360,6 +361,32 @@ def test_refining_new_users_only_leaves_a_trained_user_with_its_row_branch_embed
     np.testing.assert_array_equal(  # a new user is refined either way
         both[True].state.network.user_emb[new], both[False].state.network.user_emb[new]
     )
+
+
+def test_a_user_without_training_ratings_is_refined_whatever_the_policy(artifact: Artifact) -> None:
+    # A user of the artifact's vocabulary whose training ratings are all gone (held out, say) is embedded
+    # from a row the network never trained on: refined like a new user even when trained users are not.
+    train = artifact.train
+    user = int(train.rows[0])
+    keep = train.rows != user
+    stripped = dataclasses.replace(
+        artifact,
+        train=Ratings(train.rows[keep], train.cols[keep], train.values[keep], train.n_users, train.n_items),
+        known_field=None,
+    )
+    onnx = OnnxNetwork(artifact.path)
+    inference = artifact.inference.with_overrides(EXACT)
+    batch = [(artifact.users.external(user), artifact.items.external(j), float(1 + j % 5)) for j in (1, 4, 7)]
+    embedded = []
+    for refine in (True, False):
+        fold = FoldIn(stripped, inference, onnx.embed_users, onnx.embed_items, refine_trained=refine)
+        fold.apply(batch)
+        embedded.append(fold.state.network.user_emb[user])
+    np.testing.assert_array_equal(embedded[0], embedded[1])
+    row = np.zeros((1, train.n_items), dtype=np.float32)
+    row[0, [1, 4, 7]] = [2.0, 5.0, 3.0]
+    plain = onnx.embed_users(row)[0].astype(np.float64)
+    assert np.abs(embedded[1] - plain).max() > 1e-4  # refined, not the row branch's alone
 
 
 @pytest.mark.parametrize("scaling", ["normalized", "sum", "scaled"])
