@@ -276,11 +276,27 @@ class Artifact:
         """Rating levels, (p,) float64."""
         return np.asarray(self.config.levels, dtype=np.float64)
 
-    def online_snapshot(self, stream: str) -> str:
+    def online_snapshot(self, stream: str, identity: str | None = None) -> str:
         """The id of the last rating of the Redis stream `stream` that this artifact was trained on
-        (`dcmc train --online-ratings`), or "0" when it holds none of that stream's ratings."""
+        (`dcmc train --online-ratings`), or "0" when it holds none of that stream's ratings: another key,
+        or another stream of that key (the artifact recorded an identity and the stream's, `identity`, is
+        another)."""
+        online = self._online_record(stream, identity)
+        return str(online.get("last_id", "0")) if online else "0"
+
+    def online_held_out(self, stream: str, identity: str | None = None) -> list[tuple[str, str, float]]:
+        """The ratings of that stream, up to `online_snapshot`, of pairs the dataset holds out (validation
+        or test): not trained on, known to the served model (the service folds them in first)."""
+        online = self._online_record(stream, identity)
+        return [(str(u), str(i), float(r)) for u, i, r in online.get("held_out_pairs", [])]
+
+    def _online_record(self, stream: str, identity: str | None) -> dict[str, Any]:
         online = (self.meta.get("dataset") or {}).get("online_ratings") or {}
-        return str(online.get("last_id", "0")) if online.get("stream") == stream else "0"
+        recorded = online.get("stream_identity")
+        if online.get("stream") != stream or (recorded is not None and recorded != identity):
+            return {}
+        out: dict[str, Any] = online
+        return out
 
     def known(self, include_held_out: bool = True) -> Ratings:
         """The known ratings: those trained on, then the held-out validation ones (unless excluded)."""

@@ -1,5 +1,5 @@
-"""The Redis rating stream as the service writes it and the trainer reads it: its key, and how a Redis
-URL is shown in logs and messages (never with its password)."""
+"""The Redis rating stream as the service writes it and the trainer reads it: its key, its identity, and
+how a Redis URL is shown in logs and messages (never with its password)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ HIDDEN = "***"
 def stream_key(prefix: str) -> str:
     """The stream of online ratings under the key prefix `prefix` (DCMC_REDIS_KEY_PREFIX)."""
     return f"{prefix}:ratings"
+
+
+def identity_key(stream: str) -> str:
+    """The key holding the stream's identity: a random id the service sets once (SET NX) when it first
+    follows the stream, so that an artifact can tell this stream from another of the same name (another
+    Redis, or the same one emptied and begun again)."""
+    return f"{stream}:identity"
 
 
 def redact_url(url: str) -> str:

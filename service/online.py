@@ -10,9 +10,11 @@ of Redis (`durability` reports whether the server is set up so).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from model.stream import redact_url, stream_key
+from model.stream import identity_key, redact_url, stream_key
 from service.metrics import Metrics
 from service.schemas import MAX_ID_LENGTH
 
@@ -141,6 +143,17 @@ class RatingLog:
         reply: Any = self.tail_client.xread({self.key: after}, count=READ_CHUNK, block=block_ms)
         return [_entry(i, f) for _, entries in reply or [] for i, f in entries]
 
+    def identity(self) -> str | None:
+        """The stream's identity (`model.stream.identity_key`), set here first if it has none (SET NX: of
+        several workers starting together, one sets it and all read the same); None where it has none and
+        this client may not set it. Raises redis.RedisError."""
+        key = identity_key(self.key)
+        # A read-only replica, or no write permission: read what is there.
+        with contextlib.suppress(redis.ResponseError):
+            self.client.set(key, uuid.uuid4().hex, nx=True)
+        value: Any = self.client.get(key)
+        return _text(value) if value is not None else None
+
     def last_generated(self) -> str:
         """The id of the newest entry the stream has ever had ("0-0" for none); raises redis.RedisError."""
         try:
@@ -231,6 +244,10 @@ class Follower:
         """After the first new entry, how long the tail waits for more before it folds them in together."""
         self.on_recover: Callable[[], object] = lambda: None
         """Called (by the tail thread) when Redis answers again after a failure."""
+        self.prepare: Callable[[], object] = lambda: None
+        """Called once before the first read of the stream, retried until it succeeds (raises RedisError):
+        where the artifact's place in this stream is decided."""
+        self._prepared = False
         self.last = "0"
         self.healthy = True
         self.skipped = 0
@@ -244,9 +261,16 @@ class Follower:
         """Read and apply every entry after the last one applied; returns how many (raises RedisError)."""
         total = 0
         with self._lock:
+            self._prepare()
             while entries := self.ratings.read(self.last):
                 total += self._apply(entries)
         return total
+
+    def _prepare(self) -> None:
+        """`prepare`, once (the caller holds the lock)."""
+        if not self._prepared:
+            self.prepare()
+            self._prepared = True
 
     def _apply(self, entries: list[Entry | Poison]) -> int:
         """Apply entries that follow the last one applied (the caller holds the lock). Poison entries are
@@ -302,6 +326,9 @@ class Follower:
     def _tail(self) -> None:
         while not self._stop.is_set():
             try:
+                if not self._prepared:
+                    with self._lock:
+                        self._prepare()
                 # Wait for new entries without the lock, so a request's catch_up never waits on the tail.
                 after = self.last
                 entries = self.ratings.read(after, block_ms=TAIL_BLOCK_MS)

@@ -317,8 +317,7 @@ class Scorer:
                 self.ratings, self._apply, metrics, settings.redis_retry_s, check=self._check
             )
             self.follower.interval_s = settings.fold_in_interval_s
-            # Replay only what the artifact was not trained on (`dcmc train --online-ratings`).
-            self.follower.last = artifact.online_snapshot(self.ratings.key)
+            self.follower.prepare = self._place_in_stream
 
     # -- start-up and shutdown ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -335,6 +334,27 @@ class Scorer:
         except redis.RedisError as exc:
             log.error("cannot replay the online ratings yet (%s); not ready until Redis answers", exc)
         self.follower.start()
+
+    def _place_in_stream(self) -> None:
+        """Before the first read of the stream: replay only what the artifact was not trained on (`dcmc
+        train --online-ratings`), after folding in the ratings of held-out pairs it kept; all of the
+        stream when the artifact read another stream of this name (its recorded identity differs)."""
+        assert self.ratings is not None and self.follower is not None
+        key, identity = self.ratings.key, self.ratings.identity()
+        recorded = (self.artifact.meta.get("dataset") or {}).get("online_ratings") or {}
+        if recorded.get("stream") == key and recorded.get("stream_identity") not in (None, identity):
+            log.warning(
+                "the artifact was trained on another stream named %s (identity %s, this one is %s): "
+                "replaying all of this one",
+                key,
+                recorded.get("stream_identity"),
+                identity,
+            )
+        self.follower.last = self.artifact.online_snapshot(key, identity)
+        held = self.artifact.online_held_out(key, identity)
+        if held:
+            self.fold.apply(held)
+            log.info("folded in %d online ratings of held-out pairs that the artifact kept", len(held))
 
     def refresh_durability(self) -> Durability:
         """Read the server's persistence settings again (at start-up, when Redis comes back, and on a

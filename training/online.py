@@ -6,11 +6,13 @@ fields user, item, rating). Here the whole stream up to now is read, a re-rating
 
 - a new user or item gets the next index (its id appended to the dataset's, in order of first rating);
 - a rating of a pair the dataset already rates in its training part replaces that rating;
-- a rating of a pair held out by the dataset (its test or validation part) is left out and counted, so
-  the held-out ratings stay unseen and the evaluation honest.
+- a rating of a pair held out by the dataset (its test or validation part) is not trained on, so the
+  held-out ratings stay unseen and the evaluation honest; the artifact keeps it (`held_out_pairs`) for the
+  service, which folds it in as a known rating, as it did before the retrain (`dcmc evaluate` does not).
 
 The artifact records the stream id of the last rating read (`dataset.online_ratings.last_id` in
-config.json); a service that loads it replays only the ratings after that id.
+config.json) and the stream's identity (`model.stream.identity_key`); a service that loads it replays only
+the ratings after that id, from a stream of that identity (another stream of the same name: all of it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from model.stream import redact_url, stream_key
+from model.stream import identity_key, redact_url, stream_key
 from training.data import DataError, Entries, RatingSplit
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ class OnlineRatings:
     entries: int
     """Stream entries read (re-ratings included)."""
     key: str
+    identity: str | None = None
+    """The stream's identity (`model.stream.identity_key`), None where no service has set one."""
 
 
 def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0) -> OnlineRatings:
@@ -54,6 +58,8 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
     latest: dict[tuple[str, str], float] = {}
     last, count = "0", 0
     try:
+        raw: Any = client.get(identity_key(key))
+        identity = _text(raw) if raw is not None else None
         while True:
             start = f"({last}" if last != "0" else "-"
             page: Any = client.xrange(key, min=start, count=PAGE)
@@ -77,6 +83,7 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
         last_id=last,
         entries=count,
         key=key,
+        identity=identity,
     )
 
 
@@ -115,8 +122,10 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
         np.concatenate([train.cols[~replaced], cols[kept]]),
         np.concatenate([train.values[~replaced], online.values[kept]]),
     )
+    out = ~kept  # held-out pairs: kept for the service, not trained on
     record = {
         "stream": online.key,
+        "stream_identity": online.identity,
         "last_id": online.last_id,
         "stream_entries": online.entries,
         "ratings": int(kept.sum()),
@@ -124,10 +133,13 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
         "left_out_held_out": int((~kept).sum()),
         "new_users": len(user_ids) - len(data.user_ids),
         "new_items": len(item_ids) - len(data.item_ids),
+        "held_out_pairs": [
+            [online.users[k], online.items[k], float(online.values[k])] for k in np.flatnonzero(out)
+        ],
     }
     log.info(
         "online ratings: %d added (%d replacing training ratings, %d of held-out pairs left out), %d new "
-        "users, %d new items, stream read up to %s",
+        "users, %d new items, stream read up to %s (held-out pairs' ratings kept for the service)",
         record["ratings"],
         record["replaced_training_ratings"],
         record["left_out_held_out"],

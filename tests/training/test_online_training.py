@@ -53,6 +53,7 @@ def test_online_ratings_join_the_training_part_and_never_a_held_out_pair() -> No
     assert record["ratings"] == 3 and record["replaced_training_ratings"] == 1
     assert record["left_out_held_out"] == 2  # (b, x) is validation, (a, z) is test
     assert record["new_users"] == 1 and record["new_items"] == 1 and record["last_id"] == "5-0"
+    assert record["held_out_pairs"] == [["b", "x", 4.0], ["a", "z", 5.0]]  # kept for the service
     with pytest.raises(DataError, match="not one of the dataset's levels"):
         with_online(_split(), _online([("a", "y", 4.5)]))
 
@@ -73,7 +74,9 @@ def test_the_stream_is_read_whole_with_re_ratings_replacing(redis_server: RedisS
         ("u2", "i1", 3.0),
         ("u1", "i1", 2.0),
     ]
-    assert online.last_id == last.decode() and online.entries == 3
+    assert online.last_id == last.decode() and online.entries == 3 and online.identity is None
+    client.set("p:ratings:identity", "abc")  # what a service sets when it first follows the stream
+    assert read_online_ratings(redis_server.url, "p").identity == "abc"
     empty = read_online_ratings(redis_server.url, "nothing")
     assert empty.last_id == "0" and len(empty.values) == 0
     with pytest.raises(DataError, match="cannot read the online ratings"):
@@ -144,3 +147,46 @@ def test_a_service_on_the_retrained_artifact_replays_only_the_later_ratings(
         after = {"after": r.json()["last_id"]}
         body = api.client.post("/predict", json={"user": "newcomer", "items": ["i1"]}, params=after).json()
         assert body["online_ratings"] == 1
+
+
+def test_held_out_pairs_stay_known_after_a_retrain_and_another_stream_is_replayed_whole(
+    synthetic_csv: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    first = tmp_path / "first"
+    run_training("csv", synthetic_csv, first, split="random", preset_name="tiny", epochs=1, progress=False)
+    held = load_artifact(first).held_out  # the split is seeded: the retrain holds the same pairs out
+    user, item = (
+        load_artifact(first).users.external(int(held.rows[0])),
+        load_artifact(first).items.external(int(held.cols[0])),
+    )
+    value = 1.0 if held.values[0] != 1.0 else 5.0
+    with App(first, redis_url=redis_server.url, write_token=TOKEN) as api:  # sets the stream's identity
+        ratings = [
+            {"user": user, "item": item, "rating": value},
+            {"user": "newcomer", "item": "i1", "rating": 4},
+        ]
+        r = api.client.post(
+            "/ratings", json={"ratings": ratings}, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert r.status_code == 200, r.text
+    out = tmp_path / "retrained"
+    run_training("csv", synthetic_csv, out, split="random", preset_name="tiny", epochs=1, progress=False,
+                 online_ratings=redis_server.url)  # fmt: skip
+    record = load_artifact(out).meta["dataset"]["online_ratings"]
+    assert record["held_out_pairs"] == [[user, item, value]] and record["ratings"] == 1
+    identity = redis.Redis.from_url(redis_server.url).get("dcmc:ratings:identity")
+    assert identity is not None and record["stream_identity"] == identity.decode()
+
+    def known_value(api: App) -> list[float]:
+        scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
+        known = scorer.known
+        pos = known.by_row.of(scorer.user_index(user))
+        return known.values[pos][known.cols[pos] == int(scorer.item_indices([item])[0])].tolist()
+
+    with App(out, redis_url=redis_server.url, write_token=TOKEN) as api:
+        assert known_value(api) == [value]  # not trained on, still known to the served model
+        assert api.client.get("/health").json()["online_ratings"] == 1  # that one; the newcomer's is trained
+    # The same key on a stream begun again (another identity): the artifact's place in it means nothing.
+    redis.Redis.from_url(redis_server.url).set("dcmc:ratings:identity", "another")
+    with App(out, redis_url=redis_server.url, write_token=TOKEN) as api:
+        assert api.client.get("/health").json()["online_ratings"] == 2  # the whole stream replayed
