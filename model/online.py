@@ -198,16 +198,21 @@ class FoldIn:
         """The items the user rated online, in `state` (default the published one)."""
         return list((state or self.state).online.get(user, ()))
 
-    def apply(self, ratings: Sequence[tuple[str, str, float]]) -> None:
-        """Fold in (external user id, external item id, rating) triples, in order; later ones win."""
+    def apply(self, ratings: Sequence[tuple[str, str, float | None]]) -> None:
+        """Fold in (external user id, external item id, rating) triples, in order; later ones win. A rating
+        None retracts the pair's rating (online or the artifact's); a pair of an unknown user or item has
+        none to retract."""
         if not ratings:
             return
         with self._lock:
             m = self.artifact.config.n_items
             users: set[int] = set()
             items: set[int] = set()
-            pairs: dict[tuple[int, int], float] = {}  # this batch's latest rating of each pair
+            pairs: dict[tuple[int, int], float | None] = {}  # this batch's latest rating of each pair
             for user, item, value in ratings:
+                if value is None:
+                    self._retract(user, item, users, items, pairs)
+                    continue
                 i = self._user_index.get(user)
                 if i is None:
                     i = self._user_index[user] = len(self._users)
@@ -223,6 +228,11 @@ class FoldIn:
                     items.add(j)
                 users.add(i)
                 pairs[i, j] = float(value)
+            base = self._base
+            for i, j in pairs:  # the artifact's ratings re-rated or taken back now
+                if i < base.n_users:
+                    pos = base.by_row.of(i)
+                    self._keep[pos[base.cols[pos] == j]] = False
             touched_users = np.array(sorted(users), dtype=np.int64)
             touched_items = np.array(sorted(items), dtype=np.int64)
             network, embedded_items, touched_users = self._network(touched_users, touched_items)
@@ -244,31 +254,59 @@ class FoldIn:
                 applied if items_changed else old.items_changed,
             )
 
-    def _known(self, pairs: dict[tuple[int, int], float], embedded: IntArray) -> Ratings:
+    def _retract(
+        self,
+        user: str,
+        item: str,
+        users: set[int],
+        items: set[int],
+        pairs: dict[tuple[int, int], float | None],
+    ) -> None:
+        """Take the user's rating of the item back (`apply`, the caller holds the lock)."""
+        i, j = self._user_index.get(user), self._item_index.get(item)
+        if i is None or j is None:
+            return
+        self._online[i] = {k: v for k, v in self._online.get(i, {}).items() if k != j}
+        if j in self._new_items:
+            self._new_items[j] = {k: v for k, v in self._new_items[j].items() if k != i}
+            items.add(j)
+        users.add(i)
+        pairs[i, j] = None
+
+    def _known(self, pairs: dict[tuple[int, int], float | None], embedded: IntArray) -> Ratings:
         """The CRF's known ratings: the artifact's less those re-rated online, then every online rating of
         an item that has an embedding. The published ones with this batch's `pairs` changed in place or
         appended, and the ratings of the items `embedded` just now appended (`Ratings.changed`: no
         rebuild, so a batch costs what it changes, not all N ratings)."""
-        base = self._base
-        for user, item in pairs:  # the artifact's ratings re-rated now
-            if user < base.n_users:
-                pos = base.by_row.of(user)
-                self._keep[pos[base.cols[pos] == item]] = False
         changes = {pair: value for pair, value in pairs.items() if self._embedded[pair[1]]}
         for item in embedded.tolist():  # first embedded now: every online rating of it joins
             changes.update({(user, item): value for user, value in self._new_items[item].items()})
         old = self.state.known
-        at, values, rows, cols, added = [], [], [], [], []
+        at, values, rows, cols, added, removed = [], [], [], [], [], []
         for (user, item), value in changes.items():
             pos = old.by_row.of(user) if user < old.n_users else np.empty(0, dtype=np.int64)
             hit = pos[old.cols[pos] == item]
-            if len(hit):
+            if value is None:  # retracted
+                removed += hit.tolist()
+            elif len(hit):
                 at.append(int(hit[0]))
                 values.append(value)
             else:
                 rows.append(user)
                 cols.append(item)
                 added.append(value)
+        if removed:  # rare (DELETE /ratings): the known ratings are rebuilt without them
+            keep = np.ones(len(old), dtype=bool)
+            keep[removed] = False
+            new_values = old.values.copy()
+            new_values[np.array(at, dtype=np.int64)] = values
+            return Ratings(
+                np.concatenate([old.rows[keep], np.array(rows, dtype=np.int64)]),
+                np.concatenate([old.cols[keep], np.array(cols, dtype=np.int64)]),
+                np.concatenate([new_values[keep], np.array(added, dtype=np.float64)]),
+                len(self._users),
+                len(self._items),
+            )
         return old.changed(
             np.array(at, dtype=np.int64),
             np.array(values, dtype=np.float64),
@@ -313,9 +351,16 @@ class FoldIn:
         existing = users < n
         if existing.any():
             rows[existing] = train.dense_rows(users[existing])
+        base = self._base
+        for k, user in enumerate(users.tolist()):  # the artifact's ratings taken back: out of the row
+            if user < base.n_users:
+                pos = base.by_row.of(user)
+                gone = base.cols[pos[~self._keep[pos]]]
+                gone = gone[(gone < m) & ~np.isin(gone, list(self._online.get(user, {})))]
+                rows[k, gone] = 0.0
         for k, user in enumerate(users):
-            ratings = self._online[int(user)]
-            cols = np.fromiter(ratings.keys(), dtype=np.int64)
+            ratings = self._online.get(int(user), {})
+            cols = np.fromiter(ratings.keys(), dtype=np.int64, count=len(ratings))
             mine = cols < m
             rows[k, cols[mine]] = np.fromiter(ratings.values(), dtype=np.float32)[mine]
         user_emb = _grown(old.user_emb, len(self._users))
@@ -357,7 +402,7 @@ class FoldIn:
         self._c = _grown(self._c, len(self._items))
         base, keep, mu = self._base, self._keep, self._mu
         for user in users:
-            ratings = dict(self._online[int(user)])
+            ratings = dict(self._online.get(int(user), {}))
             if user < base.n_users:
                 pos = base.by_row.of(int(user))
                 pos = pos[keep[pos]]

@@ -46,16 +46,28 @@ class Durability:
 
 @dataclass(frozen=True)
 class Entry:
-    """One online rating as stored: stream id, external user and item ids, rating."""
+    """One online rating as stored: stream id, external user and item ids, rating; None for a retraction
+    (DELETE /ratings: the user took the rating of that item back)."""
 
     id: str
     user: str
     item: str
-    rating: float
+    rating: float | None
 
     def fields(self) -> dict[str, str]:
         """Its stream fields, as the dead-letter stream shows a refused entry's."""
-        return {"user": self.user, "item": self.item, "rating": repr(self.rating)}
+        return entry_fields(self.user, self.item, self.rating)
+
+
+RETRACT = "retract"
+"""The stream field that marks a retraction (in place of `rating`)."""
+
+
+def entry_fields(user: str, item: str, rating: float | None) -> dict[str, str]:
+    """A stream entry's fields: {user, item, rating}, or {user, item, retract} for a retraction."""
+    if rating is None:
+        return {"user": user, "item": item, RETRACT: "1"}
+    return {"user": user, "item": item, "rating": repr(float(rating))}
 
 
 @dataclass(frozen=True)
@@ -106,17 +118,17 @@ class RatingLog:
             )
         return Durability(True, "appendonly=yes, appendfsync=always")
 
-    def append(self, ratings: Sequence[tuple[str, str, float]]) -> str:
-        """Append (user, item, rating) triples as one transaction; returns the last entry's id. Raises
+    def append(self, ratings: Sequence[tuple[str, str, float | None]]) -> str:
+        """Append (user, item, rating) triples as one transaction (rating None: a retraction); returns the
+        last entry's id. Raises
         redis.RedisError when Redis fails: `stored_unknown(exc)` says whether the batch may have been stored
         (all of it or nothing: a transaction)."""
         if len(ratings) == 1:  # one command is atomic by itself: no MULTI/EXEC around it
-            user, item, rating = ratings[0]
-            fields = {"user": user, "item": item, "rating": repr(float(rating))}
+            fields = entry_fields(*ratings[0])
             return _text(self.write_client.xadd(self.key, fields))  # type: ignore[arg-type]
         pipe = self.write_client.pipeline(transaction=True)
         for user, item, rating in ratings:
-            pipe.xadd(self.key, {"user": user, "item": item, "rating": repr(float(rating))})
+            pipe.xadd(self.key, entry_fields(user, item, rating))  # type: ignore[arg-type]
         ids = pipe.execute()
         return _text(ids[-1])
 
@@ -209,12 +221,16 @@ def _entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | Poison:
     shown = {k: v[:MAX_ID_LENGTH] for k, v in f.items()}
     if len(f) != len(decoded) or None in decoded.values():
         return Poison(eid, shown, "a field that is not UTF-8")
-    missing = [name for name in ("user", "item", "rating") if name not in f]
+    missing = [name for name in ("user", "item") if name not in f]
+    if "rating" not in f and RETRACT not in f:
+        missing.append("rating")
     if missing:
         return Poison(eid, shown, f"no {', '.join(missing)} field")
     for name in ("user", "item"):
         if not 0 < len(f[name]) <= MAX_ID_LENGTH:
             return Poison(eid, shown, f"{name} id of {len(f[name])} characters (1 to {MAX_ID_LENGTH})")
+    if "rating" not in f:
+        return Entry(eid, f["user"], f["item"], None)
     try:
         rating = float(f["rating"])
     except ValueError:

@@ -413,7 +413,11 @@ class Scorer:
 
     def _check(self, entries: list[Entry]) -> list[Poison]:
         """The entries this model cannot fold in: a rating that is not one of its levels."""
-        ratings = np.fromiter((e.rating for e in entries), dtype=np.float64, count=len(entries))
+        ratings = np.fromiter(
+            (self.levels[0] if e.rating is None else e.rating for e in entries),  # a retraction: no level
+            dtype=np.float64,
+            count=len(entries),
+        )
         on_level = np.isclose(ratings[:, None], self.levels[None, :], rtol=0, atol=1e-9).any(axis=1)
         return [
             Poison(e.id, e.fields(), "rating off the levels")
@@ -429,7 +433,7 @@ class Scorer:
         if not self.replayed and self.follower is not None and self.follower.healthy:
             self.replayed = True
 
-    def write(self, ratings: Sequence[tuple[str, str, float]]) -> str:
+    def write(self, ratings: Sequence[tuple[str, str, float | None]]) -> str:
         """Store a batch of (user, item, rating) durably in Redis (one transaction); returns the stream id
         of its last rating. Every worker's follower then folds it in (service/consistency.py). Raises
         redis.RedisError (service.online.stored_unknown says whether it may have been stored), NotDurable,

@@ -6,6 +6,8 @@ fields user, item, rating). Here the whole stream up to now is read, a re-rating
 
 - a new user or item gets the next index (its id appended to the dataset's, in order of first rating);
 - a rating of a pair the dataset already rates in its training part replaces that rating;
+- a retraction (DELETE /ratings) takes the pair's rating back: the online one, and the dataset's training
+  rating of the pair (its validation and test parts stay as they are: they are what the model is scored on);
 - a rating of a pair held out by the dataset (its test or validation part) is not trained on, so the
   held-out ratings stay unseen and the evaluation honest; the artifact keeps it (`held_out_pairs`) for the
   service, which folds it in as a known rating, as it did before the retrain (`dcmc evaluate` does not).
@@ -46,6 +48,8 @@ class OnlineRatings:
     key: str
     identity: str | None = None
     """The stream's identity (`model.stream.identity_key`), None where no service has set one."""
+    retracted: tuple[tuple[str, str], ...] = ()
+    """(user, item) pairs whose last stream entry is a retraction."""
 
 
 def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0) -> OnlineRatings:
@@ -56,6 +60,7 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
     key = stream_key(prefix)
     client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     latest: dict[tuple[str, str], float] = {}
+    retracted: dict[tuple[str, str], None] = {}
     last, count = "0", 0
     try:
         raw: Any = client.get(identity_key(key))
@@ -67,9 +72,15 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
                 break
             for _, fields in page:
                 f = {_text(k): _text(v) for k, v in fields.items()}
+                if "user" not in f or "item" not in f or not ("rating" in f or "retract" in f):
+                    continue  # an entry the service skips too (dead-lettered there)
                 pair = (f["user"], f["item"])
                 latest.pop(pair, None)  # a re-rating moves to the end: the order of last ratings
-                latest[pair] = float(f["rating"])
+                if "rating" in f:
+                    latest[pair] = float(f["rating"])
+                    retracted.pop(pair, None)
+                else:  # a retraction
+                    retracted[pair] = None
             last, count = _text(page[-1][0]), count + len(page)
     except redis.RedisError as exc:
         raise DataError(f"cannot read the online ratings from {redact_url(url)} ({key}): {exc}") from None
@@ -84,6 +95,7 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
         entries=count,
         key=key,
         identity=identity,
+        retracted=tuple(retracted),
     )
 
 
@@ -116,7 +128,13 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
     kept = ~np.isin(keys, held_keys)
     train = data.train
     train_keys = train.rows * width + train.cols
-    replaced = np.isin(train_keys, keys[kept])
+    gone = [
+        user_index[u] * width + item_index[i]
+        for u, i in online.retracted
+        if u in user_index and i in item_index
+    ]
+    taken_back = np.isin(train_keys, np.array(gone, dtype=np.int64))
+    replaced = np.isin(train_keys, keys[kept]) | taken_back
     merged = Entries(
         np.concatenate([train.rows[~replaced], rows[kept]]),
         np.concatenate([train.cols[~replaced], cols[kept]]),
@@ -129,7 +147,9 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
         "last_id": online.last_id,
         "stream_entries": online.entries,
         "ratings": int(kept.sum()),
-        "replaced_training_ratings": int(replaced.sum()),
+        "replaced_training_ratings": int((replaced & ~taken_back).sum()),
+        "retracted_training_ratings": int(taken_back.sum()),
+        "retractions": len(online.retracted),
         "left_out_held_out": int((~kept).sum()),
         "new_users": len(user_ids) - len(data.user_ids),
         "new_items": len(item_ids) - len(data.item_ids),

@@ -10,14 +10,14 @@ from typing import Annotated, Protocol
 
 import numpy as np
 import redis
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, Header, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.deps import ScorerDep, SettingsDep
 from service.errors import too_long
 from service.online import stored_unknown
-from service.schemas import ExternalId
+from service.schemas import MAX_ID_LENGTH, ExternalId
 from service.scoring import NotDurable, Scorer
 from service.settings import Settings
 
@@ -137,19 +137,26 @@ async def store(
         raise HTTPException(status_code=422, detail=off)
     _check_new_ids(scorer, settings, ratings)
     batch = [(r.user, r.item, _snap(r.rating, levels)) for r in ratings]
+    last = await _write(scorer, batch)
+    return RatingsResponse(accepted=len(batch), last_id=last, model_version=scorer.version)
+
+
+async def _write(scorer: Scorer, batch: Sequence[tuple[str, str, float | None]]) -> str:
+    """`Scorer.write` off the event loop; its failures as HTTPExceptions that say whether anything may
+    have been stored."""
     retry = {"Retry-After": str(max(1, math.ceil(scorer.retry_s)))}
     try:
         last = await run_in_threadpool(scorer.write, batch)
     except redis.RedisError as exc:
         if stored_unknown(exc):
-            log.warning("POST /ratings: no answer from Redis (%s); the batch may have been stored", exc)
+            log.warning("a write: no answer from Redis (%s); the batch may have been stored", exc)
             raise HTTPException(
                 status_code=503,
                 detail="Redis did not answer in time: this batch may or may not have been stored. Retrying "
                 "it is safe (a rating of the same user and item replaces the earlier one)",
                 headers=retry,
             ) from None
-        log.warning("POST /ratings: Redis failed (%s); nothing stored", exc)
+        log.warning("a write: Redis failed (%s); nothing stored", exc)
         raise HTTPException(
             status_code=503,
             detail="Redis is unavailable; nothing of this batch was stored, retry later",
@@ -164,7 +171,7 @@ async def store(
         ) from None
     except RuntimeError as exc:
         raise HTTPException(status_code=503, detail=str(exc)) from None
-    return RatingsResponse(accepted=len(batch), last_id=last, model_version=scorer.version)
+    return last
 
 
 def _check_new_ids(scorer: Scorer, settings: Settings, ratings: Sequence[Rating]) -> None:
@@ -199,3 +206,47 @@ def _level_message(rating: float, levels: np.ndarray) -> str:
         f", ... ({len(levels)} levels)" if len(levels) > 20 else ""
     )
     return f"rating {rating:g} is not one of the model's rating levels: {shown}"
+
+
+class RetractionResponse(BaseModel):
+    """What was stored."""
+
+    retracted: int = Field(description="Retractions stored (every worker folds them in right after).")
+    last_id: str = Field(
+        description="Stream id of the retraction in Redis: pass it as `after` to /predict or /recommend for "
+        "an answer without the rating."
+    )
+    model_version: str
+
+
+@router.delete(
+    "/ratings",
+    response_model=RetractionResponse,
+    responses={
+        401: {"description": "Missing or wrong bearer token"},
+        403: {"description": "Writes are off (no DCMC_WRITE_TOKEN)"},
+        404: {"description": "A user or item id the model does not know (nothing stored)"},
+        503: {"description": "Not stored, or not known to be, as for POST /ratings; see Retry-After"},
+    },
+)
+async def delete_rating(
+    user: Annotated[str, Query(min_length=1, max_length=MAX_ID_LENGTH, description="External user id")],
+    item: Annotated[str, Query(min_length=1, max_length=MAX_ID_LENGTH, description="External item id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> RetractionResponse:
+    """Take a user's rating of an item back: the rating the user gave online, or the one the model was
+    trained with. Stored durably in the rating stream like a rating (a retraction entry); every worker then
+    folds it in: the user's embedding, the CRF's known field and tables follow as if the rating had never
+    been given, until the next training, which leaves it out too. Idempotent: taking back a rating that is
+    not there changes nothing. A later POST /ratings of the pair rates it again."""
+    token = settings.write_token.get_secret_value() if settings.write_token is not None else None
+    _authorize(token, authorization)
+    users, items, _, _ = scorer.new_ids([user], [item])
+    missing = {"unknown_users": sorted(users), "unknown_items": sorted(items)}
+    if users or items:
+        shown = "; ".join(f"unknown {k.split('_')[1][:-1]} id: {v[0]!r}" for k, v in missing.items() if v)
+        raise HTTPException(status_code=404, detail={"msg": shown, **{k: v for k, v in missing.items() if v}})
+    last = await _write(scorer, [(user, item, None)])
+    return RetractionResponse(retracted=1, last_id=last, model_version=scorer.version)

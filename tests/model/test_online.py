@@ -437,3 +437,41 @@ def test_an_untouched_users_row_parts_answer_in_every_later_state(artifact: Arti
     )
     predicted, _ = _fold(artifact, {**overrides, "kernel.known": "predicted"})
     assert isinstance(predicted.state.scorer, ExactScorer) and predicted.state.scorer.row_parts(3) is None
+
+
+def test_a_retraction_takes_an_online_or_an_artifact_rating_back(artifact: Artifact) -> None:
+    train = artifact.train
+    u0 = int(train.rows[0])
+    mine = train.by_row.of(u0)
+    j0, v0 = int(train.cols[mine[0]]), float(train.values[mine[0]])  # an artifact (training) rating
+    j1, v1 = int(train.cols[mine[1]]), float(train.values[mine[1]])  # another, re-rated as it is
+    rated = set(train.cols[mine].tolist())
+    fresh = next(j for j in range(train.n_items) if j not in rated)
+    user, item = artifact.users.external(u0), artifact.items.external
+    fold, _ = _fold(artifact, {**EXACT, "kernel.co_rating_user": 5.0})
+    fold.apply([(user, item(fresh), 4.0), ("newcomer", item(3), 5.0)])
+    fold.apply([(user, item(fresh), None), (user, item(j0), None), ("nobody", item(3), None)])
+    state = fold.state
+    pos = state.known.by_row.of(u0)
+    assert fresh not in state.known.cols[pos] and j0 not in state.known.cols[pos]
+    assert fold.user_index("nobody") is None and state.online[u0] == {}
+    # The same as a model whose artifact never had (u0, j0), touched by a rating that changes nothing.
+    keep = ~((train.rows == u0) & (train.cols == j0))
+    stripped = dataclasses.replace(
+        artifact,
+        train=Ratings(train.rows[keep], train.cols[keep], train.values[keep], train.n_users, train.n_items),
+        known_field=None,
+    )
+    other, _ = _fold(stripped, {**EXACT, "kernel.co_rating_user": 5.0})
+    other.apply([(user, item(j1), v1), ("newcomer", item(3), 5.0)])
+    np.testing.assert_allclose(
+        state.network.user_emb[u0], other.state.network.user_emb[u0], rtol=0, atol=1e-10
+    )
+    # The field, taken from the changed rows' terms, equals one computed over the known ratings left.
+    fresh_scorer = build_scorer(state.network, state.known, fold_inference(fold))
+    assert isinstance(fresh_scorer, ExactScorer) and isinstance(state.scorer, ExactScorer)
+    np.testing.assert_allclose(state.scorer.field.g, fresh_scorer.field.g, rtol=1e-10, atol=1e-10)
+    # A later rating of the pair brings it back.
+    fold.apply([(user, item(j0), 5.0 if v0 != 5.0 else 1.0)])
+    pos = fold.state.known.by_row.of(u0)
+    assert (fold.state.known.cols[pos] == j0).sum() == 1

@@ -529,3 +529,42 @@ def test_ratings_arriving_within_the_interval_are_folded_in_together(
         body = api.client.post("/predict", json={"user": "gather4", "items": ["i1"]}, params={"after": last})
         assert body.status_code == 200
         assert batches == [5]  # one fold-in, one new model state
+
+
+def test_delete_takes_a_rating_back_everywhere_and_after_a_restart(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        before = _predict(api.client, "u3")
+        last = _write(api.client, _ratings("u3", [("i7", 1.0)]))
+        rated = _predict(api.client, "u3", after=last)
+        assert np.abs(rated - before).max() > 1e-6
+        r = api.client.delete("/ratings", params={"user": "u3", "item": "i7"})
+        assert r.status_code == 401  # writes need the token, taking back too
+        r = api.client.delete("/ratings", params={"user": "u3", "item": "i7"}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["retracted"] == 1
+        back = _predict(api.client, "u3", after=r.json()["last_id"])
+        scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
+        user = scorer.user_index("u3")
+        pos = scorer.known.by_row.of(user)
+        j, v = int(scorer.known.cols[pos[0]]), float(scorer.known.values[pos[0]])  # trained with it
+        # As if never given: the same as a service (another stream) where u3 only re-rated one of its
+        # ratings as it was, so that its embedding was computed again from the same ratings.
+        with _app(tiny_artifact, durable_redis, redis_key_prefix="touch") as touched:
+            last = _write(touched.client, _ratings("u3", [(scorer.item_id(j), v)]))
+            np.testing.assert_allclose(back, _predict(touched.client, "u3", after=last), rtol=0, atol=1e-9)
+        assert np.abs(back - rated).max() > 1e-6
+        r = api.client.delete("/ratings", params={"user": "u3", "item": scorer.item_id(j)}, headers=AUTH)
+        assert r.status_code == 200
+        final = _predict(api.client, "u3", after=r.json()["last_id"])
+        assert j not in scorer.known.cols[scorer.known.by_row.of(user)].tolist()
+        r = api.client.delete("/ratings", params={"user": "nobody", "item": "i7"}, headers=AUTH)
+        assert r.status_code == 404 and r.json()["detail"]["unknown_users"] == ["nobody"]
+        r = api.client.delete("/ratings", params={"user": "u3"}, headers=AUTH)
+        assert r.status_code == 422
+    with _app(tiny_artifact, durable_redis) as again:  # a fresh process replays the retractions
+        scorer = again.client.app.state.scorer  # type: ignore[attr-defined]
+        np.testing.assert_allclose(_predict(again.client, "u3"), final, rtol=0, atol=1e-9)
+        assert j not in scorer.known.cols[scorer.known.by_row.of(scorer.user_index("u3"))].tolist()
+        assert again.client.get("/health").json()["skipped_entries"] == 0

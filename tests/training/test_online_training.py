@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,18 @@ def test_online_ratings_join_the_training_part_and_never_a_held_out_pair() -> No
     assert record["held_out_pairs"] == [["b", "x", 4.0], ["a", "z", 5.0]]  # kept for the service
     with pytest.raises(DataError, match="not one of the dataset's levels"):
         with_online(_split(), _online([("a", "y", 4.5)]))
+    # Retractions: the dataset's training rating of (a, x) and the online (b, fresh) are taken back; a
+    # held-out pair's dataset rating stays (what the model is scored on), and unknown ids change nothing.
+    taken = replace(
+        _online([("b", "fresh", 2.0)]), retracted=(("a", "x"), ("b", "fresh"), ("zz", "x"), ("b", "x"))
+    )
+    taken = replace(taken, users=[], items=[], values=np.empty(0))
+    data, record = with_online(_split(), taken)
+    got = {
+        (data.user_ids[r], data.item_ids[c]) for r, c in zip(data.train.rows, data.train.cols, strict=True)
+    }
+    assert got == {("a", "y"), ("b", "y")} and record["retracted_training_ratings"] == 1
+    assert record["retractions"] == 4 and len(data.val) == 1 and record["replaced_training_ratings"] == 0
 
 
 @pytest.fixture()
@@ -67,14 +80,21 @@ def redis_server() -> Iterator[RedisServer]:
 
 def test_the_stream_is_read_whole_with_re_ratings_replacing(redis_server: RedisServer) -> None:
     client = redis.Redis.from_url(redis_server.url)
+    client.xadd("p:ratings", {"user": "u3", "item": "i1", "rating": "5.0"})
+    client.xadd("p:ratings", {"user": "u3", "item": "i1", "retract": "1"})  # taken back
+    client.xadd("p:ratings", {"user": "u4", "item": "i2", "retract": "1"})
+    client.xadd("p:ratings", {"user": "u4", "item": "i2", "rating": "1.0"})  # and rated again
+    client.xadd("p:ratings", {"user": "u5", "item": "i2"})  # poison (the service skips it): skipped
     for user, item, rating in [("u1", "i1", 4), ("u2", "i1", 3), ("u1", "i1", 2)]:
         last = client.xadd("p:ratings", {"user": user, "item": item, "rating": repr(float(rating))})
     online = read_online_ratings(redis_server.url, "p")
     assert list(zip(online.users, online.items, online.values.tolist(), strict=True)) == [
+        ("u4", "i2", 1.0),
         ("u2", "i1", 3.0),
         ("u1", "i1", 2.0),
     ]
-    assert online.last_id == last.decode() and online.entries == 3 and online.identity is None
+    assert online.retracted == (("u3", "i1"),)
+    assert online.last_id == last.decode() and online.entries == 8 and online.identity is None
     client.set("p:ratings:identity", "abc")  # what a service sets when it first follows the stream
     assert read_online_ratings(redis_server.url, "p").identity == "abc"
     empty = read_online_ratings(redis_server.url, "nothing")
