@@ -53,6 +53,9 @@ Chosen on validation entries (held-out users' own training ratings, not the test
 FOLD_IN_STEPS = 8
 """Newton steps of the refinement (the objective is smooth and strongly convex: they converge)."""
 
+FORGET = ""
+"""The item of (user, FORGET, None): forget the user (`FoldIn.apply`)."""
+
 USER_SHRINK, ITEM_SHRINK = 2.0, 5.0
 """Ridge penalties of the bias baseline that predicts a new item until it has an embedding."""
 
@@ -79,6 +82,8 @@ class OnlineState:
     no online rating changed are absent: still the artifact's)."""
     items_changed: int = 0
     """`applied` of the state in which an item was last added or embedded (0: the artifact's items)."""
+    forgotten: frozenset[int] = frozenset()
+    """Users forgotten (DELETE /users/{id}): every rating of theirs taken back, and unknown to queries."""
 
     def user_version(self, user: int) -> tuple[int, int]:
         """What the user's own part of its answers depends on (`ExactScorer.row_parts`): equal in two
@@ -120,6 +125,7 @@ class FoldIn:
         self._items = list(artifact.items.ids)
         self._item_index = {item: j for j, item in enumerate(self._items)}
         self._online: dict[int, dict[int, float]] = {}  # user -> item -> latest online rating
+        self._forgotten: set[int] = set()
         self._new_items: dict[int, dict[int, float]] = {}  # new item -> user -> rating
         self._embedded = np.ones(len(self._items), dtype=bool)  # new items: once the column branch can
         base = self._base
@@ -168,7 +174,8 @@ class FoldIn:
         """The index of an external user id in `state` (default the published one), or None when it has no
         rating there (a user being folded in right now becomes known once its state is published)."""
         i = self._user_index.get(user)
-        return i if i is not None and i < (state or self.state).network.n_users else None
+        state = state or self.state
+        return i if i is not None and i < state.network.n_users and i not in state.forgotten else None
 
     def user_id(self, index: int) -> str:
         """The external id of a user index."""
@@ -201,7 +208,8 @@ class FoldIn:
     def apply(self, ratings: Sequence[tuple[str, str, float | None]]) -> None:
         """Fold in (external user id, external item id, rating) triples, in order; later ones win. A rating
         None retracts the pair's rating (online or the artifact's); a pair of an unknown user or item has
-        none to retract."""
+        none to retract. (user, FORGET, None) forgets the user: every rating of theirs is taken back and the
+        user is unknown to queries until a later rating of theirs."""
         if not ratings:
             return
         with self._lock:
@@ -210,9 +218,13 @@ class FoldIn:
             items: set[int] = set()
             pairs: dict[tuple[int, int], float | None] = {}  # this batch's latest rating of each pair
             for user, item, value in ratings:
+                if value is None and item == FORGET:
+                    self._forget(user, users, items, pairs)
+                    continue
                 if value is None:
                     self._retract(user, item, users, items, pairs)
                     continue
+                self._forgotten.discard(self._user_index.get(user, -1))  # rating again: known again
                 i = self._user_index.get(user)
                 if i is None:
                     i = self._user_index[user] = len(self._users)
@@ -252,7 +264,25 @@ class FoldIn:
                 dict(self._online),  # the inner dicts are never changed, only replaced
                 {**old.changed, **dict.fromkeys(touched_users.tolist(), applied)},
                 applied if items_changed else old.items_changed,
+                frozenset(self._forgotten),
             )
+
+    def _forget(
+        self, user: str, users: set[int], items: set[int], pairs: dict[tuple[int, int], float | None]
+    ) -> None:
+        """Take every rating of the user back and mark the user forgotten (`apply`, holding the lock)."""
+        i = self._user_index.get(user)
+        if i is None:
+            return
+        rated = set(self._online.get(i, {})) | {j for (u, j), v in pairs.items() if u == i and v is not None}
+        base = self._base
+        if i < base.n_users:
+            pos = base.by_row.of(i)
+            rated |= set(base.cols[pos[self._keep[pos]]].tolist())
+        for j in sorted(rated):
+            self._retract(user, self._items[j], users, items, pairs)
+        users.add(i)
+        self._forgotten.add(i)
 
     def _retract(
         self,

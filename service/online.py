@@ -23,6 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from model.online import FORGET
 from model.stream import identity_key, redact_url, stream_key
 from service.metrics import Metrics
 from service.schemas import MAX_ID_LENGTH
@@ -62,9 +63,15 @@ class Entry:
 RETRACT = "retract"
 """The stream field that marks a retraction (in place of `rating`)."""
 
+FORGET_FIELD = "forget"
+"""The stream field that marks forgetting a user (in place of `item` and `rating`)."""
+
 
 def entry_fields(user: str, item: str, rating: float | None) -> dict[str, str]:
-    """A stream entry's fields: {user, item, rating}, or {user, item, retract} for a retraction."""
+    """A stream entry's fields: {user, item, rating}, {user, item, retract} for a retraction, or
+    {user, forget} to forget the user (item `model.online.FORGET`)."""
+    if rating is None and item == FORGET:
+        return {"user": user, FORGET_FIELD: "1"}
     if rating is None:
         return {"user": user, "item": item, RETRACT: "1"}
     return {"user": user, "item": item, "rating": repr(float(rating))}
@@ -221,6 +228,8 @@ def _entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | Poison:
     shown = {k: v[:MAX_ID_LENGTH] for k, v in f.items()}
     if len(f) != len(decoded) or None in decoded.values():
         return Poison(eid, shown, "a field that is not UTF-8")
+    if FORGET_FIELD in f and "user" in f and 0 < len(f["user"]) <= MAX_ID_LENGTH:
+        return Entry(eid, f["user"], FORGET, None)
     missing = [name for name in ("user", "item") if name not in f]
     if "rating" not in f and RETRACT not in f:
         missing.append("rating")

@@ -411,6 +411,11 @@ class Scorer:
                 self.fold.new_items + len(self._pending_items),
             )
 
+    def pending_user(self, user: str) -> bool:
+        """Whether this worker wrote a rating of `user` that its model has not folded in yet."""
+        with self._pending_lock:
+            return user in self._pending_users
+
     def _check(self, entries: list[Entry]) -> list[Poison]:
         """The entries this model cannot fold in: a rating that is not one of its levels."""
         ratings = np.fromiter(
@@ -447,7 +452,8 @@ class Scorer:
                 raise NotDurable(self.durability.detail)
         last = self.ratings.append(ratings)
         self.metrics.ratings_written.inc(len(ratings))
-        users, items = self.fold.unseen([u for u, _, _ in ratings], [i for _, i, _ in ratings])
+        rated = [(u, i) for u, i, r in ratings if r is not None]  # retractions add no user or item
+        users, items = self.fold.unseen([u for u, _ in rated], [i for _, i in rated])
         with self._pending_lock:
             self._pending_users |= users
             self._pending_items |= items
@@ -630,8 +636,15 @@ class Scorer:
         return ratings, dist, fallback
 
     def similar_users(self, user: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first."""
-        return nearest(self.fold.state.network.user_lifted, user, k)
+        """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first (forgotten
+        users never among them)."""
+        state = self.fold.state
+        lifted = state.network.user_lifted
+        if not state.forgotten:
+            return nearest(lifted, user, k)
+        idx, scores = nearest(lifted, user, k + len(state.forgotten))
+        keep = ~np.isin(idx, list(state.forgotten))
+        return idx[keep][:k], scores[keep][:k]
 
     def similar_items(self, item: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k items with the highest scaled cosine s_c = (1 + cos) / 2 to `item`, best first."""

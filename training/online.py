@@ -8,6 +8,9 @@ fields user, item, rating). Here the whole stream up to now is read, a re-rating
 - a rating of a pair the dataset already rates in its training part replaces that rating;
 - a retraction (DELETE /ratings) takes the pair's rating back: the online one, and the dataset's training
   rating of the pair (its validation and test parts stay as they are: they are what the model is scored on);
+- forgetting a user (DELETE /users/{id}) drops every rating of the user before it, online and the
+  dataset's, in every part (a privacy request outranks the evaluation); the id stays in the vocabulary
+  without ratings. Ratings of the same id after it are a new history;
 - a rating of a pair held out by the dataset (its test or validation part) is not trained on, so the
   held-out ratings stay unseen and the evaluation honest; the artifact keeps it (`held_out_pairs`) for the
   service, which folds it in as a known rating, as it did before the retrain (`dcmc evaluate` does not).
@@ -50,6 +53,8 @@ class OnlineRatings:
     """The stream's identity (`model.stream.identity_key`), None where no service has set one."""
     retracted: tuple[tuple[str, str], ...] = ()
     """(user, item) pairs whose last stream entry is a retraction."""
+    forgotten: tuple[str, ...] = ()
+    """Users forgotten (their ratings before it are gone; `users` holds only their later ones)."""
 
 
 def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0) -> OnlineRatings:
@@ -61,6 +66,7 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
     client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     latest: dict[tuple[str, str], float] = {}
     retracted: dict[tuple[str, str], None] = {}
+    forgotten: dict[str, None] = {}
     last, count = "0", 0
     try:
         raw: Any = client.get(identity_key(key))
@@ -72,6 +78,12 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
                 break
             for _, fields in page:
                 f = {_text(k): _text(v) for k, v in fields.items()}
+                if "forget" in f and "user" in f:  # every earlier rating of the user is gone
+                    gone = f["user"]
+                    latest = {p: v for p, v in latest.items() if p[0] != gone}
+                    retracted = {p: None for p in retracted if p[0] != gone}
+                    forgotten[gone] = None
+                    continue
                 if "user" not in f or "item" not in f or not ("rating" in f or "retract" in f):
                     continue  # an entry the service skips too (dead-lettered there)
                 pair = (f["user"], f["item"])
@@ -96,6 +108,7 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
         key=key,
         identity=identity,
         retracted=tuple(retracted),
+        forgotten=tuple(forgotten),
     )
 
 
@@ -135,6 +148,18 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
     ]
     taken_back = np.isin(train_keys, np.array(gone, dtype=np.int64))
     replaced = np.isin(train_keys, keys[kept]) | taken_back
+    erased = np.array([user_index[u] for u in online.forgotten if u in user_index], dtype=np.int64)
+    later = np.isin(rows, erased) & kept  # ratings the user gave after being forgotten stay
+    forgotten_train = np.isin(train.rows, erased) & ~np.isin(train_keys, keys[later])
+    replaced |= forgotten_train
+    erased_held = 0
+    parts = {}
+    for name in ("val", "test"):
+        part = getattr(data, name)
+        if part is not None and len(erased):
+            drop = np.isin(part.rows, erased)
+            erased_held += int(drop.sum())
+            parts[name] = Entries(part.rows[~drop], part.cols[~drop], part.values[~drop])
     merged = Entries(
         np.concatenate([train.rows[~replaced], rows[kept]]),
         np.concatenate([train.cols[~replaced], cols[kept]]),
@@ -150,6 +175,8 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
         "replaced_training_ratings": int((replaced & ~taken_back).sum()),
         "retracted_training_ratings": int(taken_back.sum()),
         "retractions": len(online.retracted),
+        "forgotten_users": len(online.forgotten),
+        "forgotten_ratings": int((forgotten_train & ~taken_back).sum()) + erased_held,
         "left_out_held_out": int((~kept).sum()),
         "new_users": len(user_ids) - len(data.user_ids),
         "new_items": len(item_ids) - len(data.item_ids),
@@ -167,4 +194,4 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
         record["new_items"],
         online.last_id,
     )
-    return replace(data, user_ids=user_ids, item_ids=item_ids, train=merged), record
+    return replace(data, user_ids=user_ids, item_ids=item_ids, train=merged, **parts), record

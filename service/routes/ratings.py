@@ -10,10 +10,11 @@ from typing import Annotated, Protocol
 
 import numpy as np
 import redis
-from fastapi import APIRouter, Header, HTTPException, Query
+from fastapi import APIRouter, Header, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from model.online import FORGET
 from service.deps import ScorerDep, SettingsDep
 from service.errors import too_long
 from service.online import stored_unknown
@@ -250,3 +251,45 @@ async def delete_rating(
         raise HTTPException(status_code=404, detail={"msg": shown, **{k: v for k, v in missing.items() if v}})
     last = await _write(scorer, [(user, item, None)])
     return RetractionResponse(retracted=1, last_id=last, model_version=scorer.version)
+
+
+class ForgetResponse(BaseModel):
+    """What was stored."""
+
+    forgotten: str = Field(description="The user id forgotten.")
+    last_id: str = Field(
+        description="Stream id of the request in Redis: pass it as `after` to a read that must not see the "
+        "user's ratings any more."
+    )
+    model_version: str
+
+
+@router.delete(
+    "/users/{user}",
+    response_model=ForgetResponse,
+    responses={
+        401: {"description": "Missing or wrong bearer token"},
+        403: {"description": "Writes are off (no DCMC_WRITE_TOKEN)"},
+        404: {"description": "A user id the model does not know (nothing stored)"},
+        503: {"description": "Not stored, or not known to be, as for POST /ratings; see Retry-After"},
+    },
+)
+async def forget_user(
+    user: Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="External user id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> ForgetResponse:
+    """Forget a user (a privacy request): every rating of theirs, online or the ones the model was trained
+    with, is taken back in the served model, and the user is unknown to queries (/predict and
+    /similar-users answer 404, /recommend the popular items, as for any user it does not know) and never
+    listed as someone's similar user. Stored durably in the rating stream;
+    the next `dcmc train --online-ratings` drops every rating of the user, the dataset's included. A later
+    POST /ratings by the same id starts a new history."""
+    token = settings.write_token.get_secret_value() if settings.write_token is not None else None
+    _authorize(token, authorization)
+    if scorer.fold.user_index(user) is None and not scorer.pending_user(user):
+        unknown = {"msg": f"unknown user id: {user!r}", "unknown_users": [user]}
+        raise HTTPException(status_code=404, detail=unknown)
+    last = await _write(scorer, [(user, FORGET, None)])
+    return ForgetResponse(forgotten=user, last_id=last, model_version=scorer.version)

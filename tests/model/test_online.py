@@ -475,3 +475,25 @@ def test_a_retraction_takes_an_online_or_an_artifact_rating_back(artifact: Artif
     fold.apply([(user, item(j0), 5.0 if v0 != 5.0 else 1.0)])
     pos = fold.state.known.by_row.of(u0)
     assert (fold.state.known.cols[pos] == j0).sum() == 1
+
+
+def test_forgetting_a_user_takes_every_rating_back_until_they_rate_again(artifact: Artifact) -> None:
+    from model.online import FORGET
+
+    train = artifact.train
+    u0 = int(train.rows[0])
+    user, item = artifact.users.external(u0), artifact.items.external
+    fold, _ = _fold(artifact, {**EXACT, "kernel.co_rating_user": 5.0})
+    fold.apply([(user, item(40), 4.0), ("newcomer", item(3), 5.0)])
+    fold.apply([(user, FORGET, None), ("newcomer", item(4), 2.0), ("nobody", FORGET, None)])
+    state = fold.state
+    assert fold.user_index(user) is None and u0 in state.forgotten  # unknown to queries
+    assert len(state.known.by_row.of(u0)) == 0 and state.online[u0] == {}
+    assert fold.user_index("newcomer") is not None and fold.user_index("nobody") is None
+    fresh = build_scorer(state.network, state.known, fold_inference(fold))
+    assert isinstance(fresh, ExactScorer) and isinstance(state.scorer, ExactScorer)
+    np.testing.assert_allclose(state.scorer.field.g, fresh.field.g, rtol=1e-10, atol=1e-10)
+    fold.apply([(user, item(7), 3.0)])  # a new history
+    assert fold.user_index(user) == u0
+    pos = fold.state.known.by_row.of(u0)
+    assert fold.state.known.cols[pos].tolist() == [7] and u0 not in fold.state.forgotten

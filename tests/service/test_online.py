@@ -568,3 +568,30 @@ def test_delete_takes_a_rating_back_everywhere_and_after_a_restart(
         np.testing.assert_allclose(_predict(again.client, "u3"), final, rtol=0, atol=1e-9)
         assert j not in scorer.known.cols[scorer.known.by_row.of(scorer.user_index("u3"))].tolist()
         assert again.client.get("/health").json()["skipped_entries"] == 0
+
+
+def test_forgetting_a_user_answers_404_for_them_and_never_lists_them(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis) as api:
+        last = _write(api.client, _ratings("u3", [("i7", 5.0)]))
+        _predict(api.client, "u3", after=last)
+        others = api.client.get("/similar-users/u5", params={"k": 59}).json()["similar"]
+        assert "u3" in [o["user"] for o in others]
+        assert api.client.delete("/users/u3").status_code == 401
+        r = api.client.delete("/users/u3", headers=AUTH)
+        assert r.status_code == 200 and r.json()["forgotten"] == "u3"
+        after = {"after": r.json()["last_id"]}
+        r = api.client.post("/predict", json={"user": "u3", "items": ITEMS}, params=after)
+        assert r.status_code == 404 and r.json()["detail"]["unknown_users"] == ["u3"]
+        r = api.client.get("/recommend/u3")  # as for any user it does not know: the popular items
+        assert r.status_code == 200 and r.json()["fallback"] == "popular"
+        assert api.client.get("/similar-users/u3").status_code == 404
+        others = api.client.get("/similar-users/u5", params={"k": 59}).json()["similar"]
+        assert "u3" not in [o["user"] for o in others] and len(others) == 58
+        scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
+        assert len(scorer.known.by_row.of(scorer.fold._user_index["u3"])) == 0
+        assert api.client.delete("/users/nobody", headers=AUTH).status_code == 404
+    with _app(tiny_artifact, durable_redis) as again:  # a fresh process replays it
+        assert again.client.post("/predict", json={"user": "u3", "items": ITEMS}).status_code == 404
+        assert again.client.get("/health").json()["skipped_entries"] == 0

@@ -69,6 +69,14 @@ def test_online_ratings_join_the_training_part_and_never_a_held_out_pair() -> No
     }
     assert got == {("a", "y"), ("b", "y")} and record["retracted_training_ratings"] == 1
     assert record["retractions"] == 4 and len(data.val) == 1 and record["replaced_training_ratings"] == 0
+    # Forgetting b: every rating of b goes, the held-out ones too; b's ratings after it stay.
+    gone = replace(_online([("b", "z", 3.0)]), forgotten=("b",))
+    data, record = with_online(_split(), gone)
+    got = {
+        (data.user_ids[r], data.item_ids[c]) for r, c in zip(data.train.rows, data.train.cols, strict=True)
+    }
+    assert got == {("a", "x"), ("a", "y"), ("b", "z")} and len(data.val) == 0 and len(data.test) == 1
+    assert record["forgotten_users"] == 1 and record["forgotten_ratings"] == 2
 
 
 @pytest.fixture()
@@ -85,6 +93,8 @@ def test_the_stream_is_read_whole_with_re_ratings_replacing(redis_server: RedisS
     client.xadd("p:ratings", {"user": "u4", "item": "i2", "retract": "1"})
     client.xadd("p:ratings", {"user": "u4", "item": "i2", "rating": "1.0"})  # and rated again
     client.xadd("p:ratings", {"user": "u5", "item": "i2"})  # poison (the service skips it): skipped
+    client.xadd("p:ratings", {"user": "u6", "item": "i2", "rating": "2.0"})
+    client.xadd("p:ratings", {"user": "u6", "forget": "1"})  # u6 forgotten: its rating before it goes
     for user, item, rating in [("u1", "i1", 4), ("u2", "i1", 3), ("u1", "i1", 2)]:
         last = client.xadd("p:ratings", {"user": user, "item": item, "rating": repr(float(rating))})
     online = read_online_ratings(redis_server.url, "p")
@@ -93,8 +103,8 @@ def test_the_stream_is_read_whole_with_re_ratings_replacing(redis_server: RedisS
         ("u2", "i1", 3.0),
         ("u1", "i1", 2.0),
     ]
-    assert online.retracted == (("u3", "i1"),)
-    assert online.last_id == last.decode() and online.entries == 8 and online.identity is None
+    assert online.retracted == (("u3", "i1"),) and online.forgotten == ("u6",)
+    assert online.last_id == last.decode() and online.entries == 10 and online.identity is None
     client.set("p:ratings:identity", "abc")  # what a service sets when it first follows the stream
     assert read_online_ratings(redis_server.url, "p").identity == "abc"
     empty = read_online_ratings(redis_server.url, "nothing")
