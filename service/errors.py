@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
+from model.ids import UnknownIdError
 from service.settings import Settings
+
+
+def unknown_ids(*errors: UnknownIdError) -> HTTPException:
+    """The one 404 for ids the model does not know: `msg` names them all, `unknown_users` and
+    `unknown_items` list them (in request order), one per error given."""
+    detail: dict[str, object] = {"msg": "; ".join(str(e) for e in errors)}
+    for error in errors:
+        detail[f"unknown_{error.kind}s"] = error.missing
+    return HTTPException(status_code=404, detail=detail)
 
 
 def invalid(loc: list[str | int], kind: str, msg: str) -> HTTPException:

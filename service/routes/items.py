@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Path, Query
 
 from model.ids import UnknownIdError
 from service.deps import ScorerDep, SettingsDep
-from service.errors import check_k
+from service.errors import check_k, unknown_ids
 from service.schemas import MAX_ID_LENGTH, SimilarItem, SimilarItemsResponse
 
 router = APIRouter(tags=["items"])
@@ -30,7 +30,7 @@ def similar_items(
     try:
         item_idx = int(scorer.item_indices([item_id])[0])
     except UnknownIdError as exc:
-        raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_items": exc.missing}) from None
+        raise unknown_ids(exc) from None
     idx, scores = scorer.similar_items(item_idx, k)
     return SimilarItemsResponse(
         item=item_id,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
 from service.consistency import After, wait_applied
 from service.deps import scorer_of
-from service.errors import too_long
+from service.errors import too_long, unknown_ids
 from service.schemas import PredictRequest, PredictResponse
 from service.scoring import Scorer
 from service.settings import Settings
@@ -50,23 +50,18 @@ def answer(scorer: Scorer, settings: Settings, user: str, items: list[str], dist
     if len(items) > settings.max_items:
         raise too_long("items", len(items), settings.max_items, "DCMC_MAX_ITEMS", "ids")
     state = scorer.state  # every part of the answer from this one model state
-    unknown: dict[str, list[str]] = {}
+    unknown: list[UnknownIdError] = []
     user_idx = items_idx = None
     try:
         user_idx = scorer.user_index(user, state)  # the artifact's users and those that arrived online
     except UnknownIdError as exc:
-        unknown["unknown_users"] = exc.missing
+        unknown.append(exc)
     try:
         items_idx = scorer.item_indices(items, state)  # the artifact's items and those first rated online
     except UnknownIdError as exc:
-        unknown["unknown_items"] = exc.missing
+        unknown.append(exc)
     if user_idx is None or items_idx is None:
-        parts = [
-            f"unknown {kind.removeprefix('unknown_')[:-1]} id(s): {', '.join(map(repr, ids[:20]))}"
-            + (f" (and {len(ids) - 20} more)" if len(ids) > 20 else "")
-            for kind, ids in unknown.items()
-        ]
-        raise HTTPException(status_code=404, detail={"msg": "; ".join(parts), **unknown})
+        raise unknown_ids(*unknown)
     ratings, dist, fallback = scorer.predict(user_idx, items_idx, distribution, state)
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.

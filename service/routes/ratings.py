@@ -14,9 +14,10 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from model.ids import UnknownIdError
 from model.online import FORGET
 from service.deps import ScorerDep, SettingsDep
-from service.errors import too_long
+from service.errors import too_long, unknown_ids
 from service.online import stored_unknown
 from service.schemas import MAX_ID_LENGTH, ExternalId
 from service.scoring import NotDurable, Scorer
@@ -245,10 +246,11 @@ async def delete_rating(
     token = settings.write_token.get_secret_value() if settings.write_token is not None else None
     _authorize(token, authorization)
     users, items, _, _ = scorer.new_ids([user], [item])
-    missing = {"unknown_users": sorted(users), "unknown_items": sorted(items)}
     if users or items:
-        shown = "; ".join(f"unknown {k.split('_')[1][:-1]} id: {v[0]!r}" for k, v in missing.items() if v)
-        raise HTTPException(status_code=404, detail={"msg": shown, **{k: v for k, v in missing.items() if v}})
+        unknown = [
+            UnknownIdError(kind, sorted(ids)) for kind, ids in (("user", users), ("item", items)) if ids
+        ]
+        raise unknown_ids(*unknown)
     last = await _write(scorer, [(user, item, None)])
     return RetractionResponse(retracted=1, last_id=last, model_version=scorer.version)
 
@@ -289,7 +291,6 @@ async def forget_user(
     token = settings.write_token.get_secret_value() if settings.write_token is not None else None
     _authorize(token, authorization)
     if scorer.fold.user_index(user) is None and not scorer.pending_user(user):
-        unknown = {"msg": f"unknown user id: {user!r}", "unknown_users": [user]}
-        raise HTTPException(status_code=404, detail=unknown)
+        raise unknown_ids(UnknownIdError("user", [user]))
     last = await _write(scorer, [(user, FORGET, None)])
     return ForgetResponse(forgotten=user, last_id=last, model_version=scorer.version)

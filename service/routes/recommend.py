@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from model.ids import UnknownIdError
 from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
-from service.errors import check_k, invalid
+from service.errors import check_k, invalid, unknown_ids
 from service.recommend import POPULAR_SHRINKAGE, recommend, split_ids
 
 router = APIRouter(tags=["recommendations"])
@@ -104,7 +104,7 @@ async def recommend_items(
     try:
         scorer.item_indices((allow_ids or []) + (exclude_ids or []))  # one 404 listing every unknown id
     except UnknownIdError as exc:
-        raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_items": exc.missing}) from None
+        raise unknown_ids(exc) from None
     allow = scorer.item_indices(allow_ids) if allow_ids is not None else None
     excluded = scorer.item_indices(exclude_ids) if exclude_ids is not None else None
     if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free

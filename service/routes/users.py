@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Path, Query
 
 from model.ids import UnknownIdError
 from service.deps import ScorerDep, SettingsDep
-from service.errors import check_k
+from service.errors import check_k, unknown_ids
 from service.schemas import MAX_ID_LENGTH, SimilarUser, SimilarUsersResponse
 
 router = APIRouter(tags=["users"])
@@ -30,7 +30,7 @@ def similar_users(
     try:
         user_idx = scorer.user_index(user_id)  # the artifact's users and those that arrived online
     except UnknownIdError as exc:
-        raise HTTPException(status_code=404, detail={"msg": str(exc), "unknown_users": exc.missing}) from None
+        raise unknown_ids(exc) from None
     idx, scores = scorer.similar_users(user_idx, k)
     return SimilarUsersResponse(
         user=user_id,
