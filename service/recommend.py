@@ -13,7 +13,7 @@ import numpy as np
 from model.ids import UnknownIdError
 from model.online import OnlineState
 from model.ratings import Ratings
-from service.scoring import Scorer
+from service.scoring import Scorer, top_k
 
 POPULAR_SHRINKAGE = 10.0
 """s of the popularity fallback's shrunk mean rating (sum_j + s * mu) / (n_j + s): an item needs about s
@@ -70,19 +70,6 @@ def candidate_mask(
     if exclude is not None:
         mask[exclude] = False
     return mask
-
-
-def top_k(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k highest `scores` among `mask`, best first, ties by the lower index (all of the
-    candidates when fewer than k)."""
-    cand = np.flatnonzero(mask)
-    if 0 < k < len(cand):
-        # Only the candidates at or above the k-th best score are sorted (a catalogue has ~1e5).
-        values = scores[cand]
-        cut = -np.partition(-values, k - 1)[k - 1]
-        cand = cand[values >= cut]
-    order = np.lexsort((cand, -scores[cand]))
-    return cand[order[:k]]
 
 
 def recommend(

@@ -91,20 +91,31 @@ def effective_inference(stored: InferenceConfig, settings: Settings) -> Inferenc
     return stored.with_overrides(inference_overrides(settings))
 
 
-def nearest(lifted: np.ndarray, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k rows other than `row` with the highest scaled cosine (1 + cos) / 2 to it, best first, ties
-    by index (at the cut too): (indices, scores). `lifted`: the lifted unit rows [1, u] / sqrt(2), whose
-    products are those scaled cosines (`model.engine.lift`)."""
+def top_k(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k highest `scores` among `mask`, best first, ties by the lower index (all of the
+    candidates when fewer than k): the one top-k of /recommend and the similar-* routes."""
+    cand = np.flatnonzero(mask)
+    if 0 < k < len(cand):
+        # Only the candidates at or above the k-th best score are sorted (a catalogue has ~1e5).
+        values = scores[cand]
+        cut = -np.partition(-values, k - 1)[k - 1]
+        cand = cand[values >= cut]
+    order = np.lexsort((cand, -scores[cand]))
+    out: np.ndarray = cand[order[: max(k, 0)]]
+    return out
+
+
+def nearest(
+    lifted: np.ndarray, row: int, k: int, exclude: Sequence[int] = ()
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k rows other than `row` (and `exclude`) with the highest scaled cosine (1 + cos) / 2 to it,
+    best first, ties by index (at the cut too): (indices, scores). `lifted`: the lifted unit rows
+    [1, u] / sqrt(2), whose products are those scaled cosines (`model.engine.lift`)."""
     scores = lifted @ lifted[row]
-    scores[row] = -np.inf
-    k = min(k, len(scores) - 1)
-    if k <= 0:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
-    cut = -np.partition(-scores, k - 1)[k - 1]  # the k-th best score
-    above = np.flatnonzero(scores > cut)
-    tied = np.flatnonzero(scores == cut)[: k - len(above)]  # the lowest indices among those at the cut
-    top = np.concatenate([above, tied])
-    top = top[np.lexsort((top, -scores[top]))]  # by score, ties by index
+    mask = np.ones(len(scores), dtype=bool)
+    mask[row] = False
+    mask[list(exclude)] = False
+    top = top_k(scores, mask, k)
     return top, scores[top]
 
 
@@ -639,12 +650,7 @@ class Scorer:
         """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first (forgotten
         users never among them)."""
         state = self.fold.state
-        lifted = state.network.user_lifted
-        if not state.forgotten:
-            return nearest(lifted, user, k)
-        idx, scores = nearest(lifted, user, k + len(state.forgotten))
-        keep = ~np.isin(idx, list(state.forgotten))
-        return idx[keep][:k], scores[keep][:k]
+        return nearest(state.network.user_lifted, user, k, sorted(state.forgotten))
 
     def similar_items(self, item: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k items with the highest scaled cosine s_c = (1 + cos) / 2 to `item`, best first."""

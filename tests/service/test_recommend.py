@@ -225,7 +225,7 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
 
 
 def test_top_k_equals_a_full_sort_with_ties_by_index() -> None:
-    from service.recommend import top_k
+    from service.scoring import top_k
 
     rng = np.random.default_rng(0)
     for _ in range(200):
