@@ -946,6 +946,20 @@ class Lines:
         out: FloatArray = w.T @ np.take(b, self.known.cols[members], axis=0)
         return out
 
+    def column_weights(
+        self, user: int, a: FloatArray, similar: Callable[[int], FloatArray] | None = None
+    ) -> FloatArray:
+        """e = lambda_i s_r(user, .) + lambda_c w_u(user, .) over the known users: the weight of each known
+        entry's user in both column terms of one user's queries (`similar(user)`: s_r, when the caller
+        reads it for less than a . a_user)."""
+        n = self.known.n_users
+        e = np.zeros(n)
+        if self.same_item > 0:
+            e += self.same_item * (similar(user)[:n] if similar is not None else a[:n] @ a[user])
+        if self.co_rating_user > 0 and self.user_affinity is not None:
+            self.user_affinity.add_line(e, user, self.co_rating_user)
+        return e
+
     def messages(
         self,
         weights: Distributions,
@@ -982,12 +996,7 @@ class Lines:
         reached = 0 if user is None else len(known) if catalogue else int(known.by_col.counts(cols).sum())
         whole = columns is not None and 4 * reached > len(known)
         if user is not None and (whole or 4 * reached > known.n_users):
-            e = np.zeros(known.n_users)
-            if self.same_item > 0:
-                s_r = similar(user)[: known.n_users] if similar is not None else a[: known.n_users] @ a[user]
-                e += self.same_item * s_r
-            if self.co_rating_user > 0 and self.user_affinity is not None:
-                self.user_affinity.add_line(e, user, self.co_rating_user)
+            e = self.column_weights(user, a, similar)
             if whole and catalogue:
                 assert columns is not None
                 out = column_pass(columns, e, with_total)  # every column, in order: the sums themselves
@@ -1953,17 +1962,8 @@ class ExactScorer:
         with the sums of e alone after them when `with_total`: (K, p [+ 1]). For clamped entries
         t_l = C[label_l]: the sums of e per label first (one bincount), then C."""
         lines, t, known = self.lines, self.field.t, self.known
-        assert lines is not None and t is not None
-        if not isinstance(t, ClampedRows):
-            rows = np.full(len(cols), user, dtype=np.int64)
-            only = dataclasses.replace(lines, same_user=0.0, co_rating=0.0)
-            a, b = self.user_lifted, self.item_lifted
-            return only.messages(t, a, b, rows, cols, with_total, self.field.columns)
-        e = np.zeros(known.n_users)
-        if lines.same_item > 0:
-            e += lines.same_item * (self.user_lifted[: known.n_users] @ self.user_lifted[user])
-        if lines.co_rating_user > 0 and lines.user_affinity is not None:
-            lines.user_affinity.add_line(e, user, lines.co_rating_user)
+        assert lines is not None and isinstance(t, ClampedRows)  # `row_parts`: clamped entries only
+        e = lines.column_weights(user, self.user_lifted)
         members, counts = known.by_col.members(cols)
         p = len(t.compat)
         owner = np.repeat(np.arange(len(cols)), counts)

@@ -126,6 +126,7 @@ class FoldIn:
         self._item_index = {item: j for j, item in enumerate(self._items)}
         self._online: dict[int, dict[int, float]] = {}  # user -> item -> latest online rating
         self._forgotten: set[int] = set()
+        self._taken_back: set[int] = set()  # users an artifact rating of whom was taken back
         self._new_items: dict[int, dict[int, float]] = {}  # new item -> user -> rating
         self._embedded = np.ones(len(self._items), dtype=bool)  # new items: once the column branch can
         base = self._base
@@ -241,10 +242,13 @@ class FoldIn:
                 users.add(i)
                 pairs[i, j] = float(value)
             base = self._base
-            for i, j in pairs:  # the artifact's ratings re-rated or taken back now
+            for (i, j), value in pairs.items():  # the artifact's ratings re-rated or taken back now
                 if i < base.n_users:
                     pos = base.by_row.of(i)
-                    self._keep[pos[base.cols[pos] == j]] = False
+                    hit = pos[base.cols[pos] == j]
+                    self._keep[hit] = False
+                    if value is None and len(hit):
+                        self._taken_back.add(i)
             touched_users = np.array(sorted(users), dtype=np.int64)
             touched_items = np.array(sorted(items), dtype=np.int64)
             network, embedded_items, touched_users = self._network(touched_users, touched_items)
@@ -383,7 +387,7 @@ class FoldIn:
             rows[existing] = train.dense_rows(users[existing])
         base = self._base
         for k, user in enumerate(users.tolist()):  # the artifact's ratings taken back: out of the row
-            if user < base.n_users:
+            if user in self._taken_back:
                 pos = base.by_row.of(user)
                 gone = base.cols[pos[~self._keep[pos]]]
                 gone = gone[(gone < m) & ~np.isin(gone, list(self._online.get(user, {})))]

@@ -6,7 +6,7 @@ import hmac
 import logging
 import math
 from collections.abc import Sequence
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 import redis
@@ -68,7 +68,9 @@ class RatingsResponse(BaseModel):
     model_version: str
 
 
-def _authorize(token: str | None, authorization: str | None) -> None:
+def _authorize(settings: Settings, authorization: str | None) -> None:
+    """403 while writes are off, 401 without the write token (every route that writes)."""
+    token = settings.write_token.get_secret_value() if settings.write_token is not None else None
     if token is None:
         raise HTTPException(
             status_code=403,
@@ -121,8 +123,7 @@ async def store(
 ) -> RatingsResponse:
     """What POST /ratings does with a parsed batch: authorize, check it, store it in Redis; HTTPException
     says why not. The route and its fast path (service/fastpath.py) both answer with it."""
-    token = settings.write_token.get_secret_value() if settings.write_token is not None else None
-    _authorize(token, authorization)
+    _authorize(settings, authorization)
     if len(ratings) > settings.max_ratings:
         raise too_long("ratings", len(ratings), settings.max_ratings, "DCMC_MAX_RATINGS", "entries")
     levels = scorer.levels
@@ -221,16 +222,17 @@ class RetractionResponse(BaseModel):
     model_version: str
 
 
-@router.delete(
-    "/ratings",
-    response_model=RetractionResponse,
-    responses={
+def _removal_errors(unknown: str) -> dict[int | str, dict[str, Any]]:
+    """The documented errors of a route that takes ratings back (`unknown`: which ids it 404s for)."""
+    return {
         401: {"description": "Missing or wrong bearer token"},
         403: {"description": "Writes are off (no DCMC_WRITE_TOKEN)"},
-        404: {"description": "A user or item id the model does not know (nothing stored)"},
+        404: {"description": f"{unknown} the model does not know (nothing stored)"},
         503: {"description": "Not stored, or not known to be, as for POST /ratings; see Retry-After"},
-    },
-)
+    }
+
+
+@router.delete("/ratings", response_model=RetractionResponse, responses=_removal_errors("A user or item id"))
 async def delete_rating(
     user: Annotated[str, Query(min_length=1, max_length=MAX_ID_LENGTH, description="External user id")],
     item: Annotated[str, Query(min_length=1, max_length=MAX_ID_LENGTH, description="External item id")],
@@ -243,8 +245,7 @@ async def delete_rating(
     folds it in: the user's embedding, the CRF's known field and tables follow as if the rating had never
     been given, until the next training, which leaves it out too. Idempotent: taking back a rating that is
     not there changes nothing. A later POST /ratings of the pair rates it again."""
-    token = settings.write_token.get_secret_value() if settings.write_token is not None else None
-    _authorize(token, authorization)
+    _authorize(settings, authorization)
     users, items, _, _ = scorer.new_ids([user], [item])
     if users or items:
         unknown = [
@@ -266,16 +267,7 @@ class ForgetResponse(BaseModel):
     model_version: str
 
 
-@router.delete(
-    "/users/{user}",
-    response_model=ForgetResponse,
-    responses={
-        401: {"description": "Missing or wrong bearer token"},
-        403: {"description": "Writes are off (no DCMC_WRITE_TOKEN)"},
-        404: {"description": "A user id the model does not know (nothing stored)"},
-        503: {"description": "Not stored, or not known to be, as for POST /ratings; see Retry-After"},
-    },
-)
+@router.delete("/users/{user}", response_model=ForgetResponse, responses=_removal_errors("A user id"))
 async def forget_user(
     user: Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="External user id")],
     scorer: ScorerDep,
@@ -288,8 +280,7 @@ async def forget_user(
     listed as someone's similar user. Stored durably in the rating stream;
     the next `dcmc train --online-ratings` drops every rating of the user, the dataset's included. A later
     POST /ratings by the same id starts a new history."""
-    token = settings.write_token.get_secret_value() if settings.write_token is not None else None
-    _authorize(token, authorization)
+    _authorize(settings, authorization)
     if scorer.fold.user_index(user) is None and not scorer.pending_user(user):
         raise unknown_ids(UnknownIdError("user", [user]))
     last = await _write(scorer, [(user, FORGET, None)])
