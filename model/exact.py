@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,17 @@ GRAM_CHUNK_PAIRS = 20_000_000
 
 PRODUCT_CHUNK_CELLS = 1 << 24
 """Cells of a dense chunk of the gram's products (64 MB of float32) and of its ranking."""
+
+CLAMPED_CHUNK_ROWS = 4096
+"""Rows per chunk of `clamped_sums`: its (rows, p + 1, D) temporaries stay tens of megabytes."""
+
+FRESH_CHUNK_CELLS = 1 << 22
+"""Cells of a chunk of fresh co-rating lines (`with_lines`): a replay or a restore that changes tens of
+thousands of users' lines computes them this many at a time (32 MB of float64), never all at once."""
+
+FreshLines = FloatArray | Callable[[int, int], FloatArray]
+"""New co-rating lines for `with_lines(lines, fresh)`: the (len(lines), size) array, or a function of
+(lo, hi) giving the rows of lines[lo:hi]."""
 
 PAIR_CHUNK = 1 << 21
 """(query, line member) pairs per pass of the co-rating term: bounds its temporaries."""
@@ -182,6 +193,12 @@ def clamped_sums(
     (rows x p, D), the compatibility mixes them per level, one matrix product takes them to D x D:
     O(K D + rows p D^2), what an online batch's changed rows cost."""
     users, inverse = np.unique(rows, return_inverse=True)
+    if len(users) > CLAMPED_CHUNK_ROWS:  # a restore's tens of thousands of rows: bounded temporaries
+        total = np.zeros((len(compat) + 1, a.shape[1], b.shape[1]))
+        for lo in range(0, len(users), CLAMPED_CHUNK_ROWS):
+            pick = (inverse >= lo) & (inverse < lo + CLAMPED_CHUNK_ROWS)
+            total += clamped_sums(a, b, rows[pick], cols[pick], labels[pick], compat)
+        return total
     p, d = len(compat), b.shape[1]
     by_label = sp.csr_matrix(
         (np.ones(len(rows)), (inverse * p + labels, cols)), shape=(len(users) * p, len(b))
@@ -364,13 +381,15 @@ class DenseAffinity:
         out[: len(self.table), : len(self.table)] = self.table
         return DenseAffinity(out)
 
-    def with_lines(self, lines: IntArray, fresh: FloatArray) -> DenseAffinity:
-        """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size)."""
+    def with_lines(self, lines: IntArray, fresh: FreshLines) -> DenseAffinity:
+        """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size),
+        given whole or chunk by chunk (`FreshLines`)."""
         table = self.table.copy()
-        table[lines, :] = fresh
-        table[:, lines] = fresh.T
-        block = fresh[:, lines]  # exactly symmetric, as the table is: reads may take rows for columns
-        table[np.ix_(lines, lines)] = (block + block.T) / 2
+        for lo, hi, rows in _fresh_chunks(lines, fresh, len(table)):
+            table[lines[lo:hi], :] = rows
+            table[:, lines[lo:hi]] = rows.T
+        block = table[np.ix_(lines, lines)]  # exactly symmetric, as the table is: reads may take rows for
+        table[np.ix_(lines, lines)] = (block + block.T) / 2  # columns
         return DenseAffinity(table)
 
     def toarray(self) -> FloatArray:
@@ -483,24 +502,37 @@ class SparseAffinity:
         matrix.sort_indices()
         return cls(matrix)
 
-    def with_lines(self, lines: IntArray, fresh: FloatArray) -> SparseAffinity:
+    def with_lines(self, lines: IntArray, fresh: FreshLines) -> SparseAffinity:
         """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size),
-        each fresh line cut to its CO_RATING_NEIGHBOURS strongest pairs."""
-        size = len(self)
+        given whole or chunk by chunk (`FreshLines`), each fresh line cut to its CO_RATING_NEIGHBOURS
+        strongest pairs: memory for the kept pairs, not len(lines) x size."""
+        size, lines = len(self), np.asarray(lines, dtype=np.int64)
         keep = np.ones(size)
         keep[lines] = 0.0
         mask = sp.diags(keep)
         rest = mask @ self.matrix @ mask  # the other lines' pairs among themselves
-        cut = np.zeros_like(fresh)
-        for at, line in enumerate(fresh):
-            top = np.argpartition(-line, min(CO_RATING_NEIGHBOURS, size - 1))[:CO_RATING_NEIGHBOURS]
-            cut[at, top] = line[top]
-        cut[:, lines] = (cut[:, lines] + cut[:, lines].T) / 2  # the fresh lines among themselves, symmetric
-        k, j = np.nonzero(cut)
-        mirror = keep[j] > 0  # the mirror images of the pairs with the other lines
+        k_parts, j_parts, v_parts = [], [], []
+        kth = min(CO_RATING_NEIGHBOURS, size - 1)
+        for lo, hi, rows in _fresh_chunks(lines, fresh, size):
+            top = np.argpartition(-rows, kth, axis=1)[:, :CO_RATING_NEIGHBOURS]
+            at = np.repeat(np.arange(hi - lo), top.shape[1])
+            values = rows[at, top.reshape(-1)]
+            nonzero = values != 0
+            k_parts.append(at[nonzero] + lo)
+            j_parts.append(top.reshape(-1)[nonzero])
+            v_parts.append(values[nonzero])
+        k, j, v = (np.concatenate(x) if x else np.empty(0) for x in (k_parts, j_parts, v_parts))
+        k, j = k.astype(np.int64), j.astype(np.int64)
+        where = np.full(size, -1, dtype=np.int64)
+        where[lines] = np.arange(len(lines))
+        inner = where[j] >= 0  # the fresh lines among themselves: made symmetric, (w + w^T) / 2
+        among = sp.csr_matrix((v[inner], (k[inner], where[j[inner]])), shape=(len(lines), len(lines)))
+        among = ((among + among.T) / 2).tocoo()
+        outer = ~inner  # pairs with the other lines, and their mirror images
         fresh_pairs = sp.csr_matrix(
-            (np.concatenate([cut[k, j], cut[k, j][mirror]]),
-             (np.concatenate([lines[k], j[mirror]]), np.concatenate([j, lines[k][mirror]]))),
+            (np.concatenate([v[outer], v[outer], among.data]),
+             (np.concatenate([lines[k[outer]], j[outer], lines[among.row]]),
+              np.concatenate([j[outer], lines[k[outer]], lines[among.col]]))),
             shape=(size, size),
         )  # fmt: skip
         out = (rest + fresh_pairs).tocsr()
@@ -515,6 +547,14 @@ class SparseAffinity:
 
 
 Affinity = DenseAffinity | SparseAffinity
+
+
+def _fresh_chunks(lines: IntArray, fresh: FreshLines, size: int) -> Iterator[tuple[int, int, FloatArray]]:
+    """(lo, hi, the fresh rows of lines[lo:hi]) over `lines`, at most FRESH_CHUNK_CELLS cells a chunk."""
+    step = max(1, FRESH_CHUNK_CELLS // max(size, 1))
+    for lo in range(0, len(lines), step):
+        hi = min(lo + step, len(lines))
+        yield lo, hi, fresh(lo, hi) if callable(fresh) else fresh[lo:hi]
 
 
 @dataclass(frozen=True)
@@ -1730,11 +1770,17 @@ class ExactScorer:
             )
 
     def updated(
-        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+        self,
+        network: Network,
+        known: Ratings,
+        users: IntArray,
+        items: IntArray | None = None,
+        tables: Mapping[str, np.ndarray] | None = None,
     ) -> ExactScorer:
         """The scorer once ratings arrived online: `network` and `known` include them (users and items may
         have been added at the end); `users` are those whose ratings or embeddings changed, `items` those
-        whose embeddings changed.
+        whose embeddings changed; `tables`: what `online_tables` of the scorer that took them returned
+        (a restored snapshot), used instead of recomputing it.
 
         With clamped known entries and normalized or summed messages the field changes by the terms of the
         entries on those rows and columns alone: their old terms out, their new ones (new ratings, new
@@ -1748,17 +1794,30 @@ class ExactScorer:
         new.network, new.known, new.parts = network, known, None
         new.user_lifted, new.item_lifted = network.user_lifted, network.item_lifted
         new.lines = new._lines(self.lines)
-        if new.lines is not None and new.lines.user_affinity is not None and len(users):
+        stored = dict(tables or {})
+        if new.lines is not None and new.lines.user_affinity is not None and "user_table_data" in stored:
+            n = network.n_users
+            matrix = sp.csr_matrix(
+                (stored["user_table_data"], stored["user_table_indices"], stored["user_table_indptr"]),
+                shape=(n, n),
+            )
+            new.lines = dataclasses.replace(new.lines, user_affinity=SparseAffinity(matrix))
+        elif new.lines is not None and new.lines.user_affinity is not None and len(users):
             # The changed users' rows of the user table follow their new ratings. The ratings are centred
             # by the item means the table was built with, so an entry depends on its two users' ratings
-            # alone, and the table on the ratings, not on how they arrived.
+            # alone, and a dense table on the ratings, not on how they arrived (a sparse one keeps each
+            # line's strongest pairs as of its last change).
             k = self.kernel
             means = np.full(network.n_items, self._item_means.mean() if len(self._item_means) else 0.0)
             means[: len(self._item_means)] = self._item_means
-            fresh = co_rating_rows(
-                known.cols, known.rows, known.values, network.n_items, network.n_users, users,
-                k.co_rating_power, k.co_rating_shrink, mean=means, by_row=known.by_col, by_col=known.by_row,
-            )  # fmt: skip
+
+            def fresh(lo: int, hi: int) -> FloatArray:
+                return co_rating_rows(
+                    known.cols, known.rows, known.values, network.n_items, network.n_users, users[lo:hi],
+                    k.co_rating_power, k.co_rating_shrink, mean=means, by_row=known.by_col,
+                    by_col=known.by_row,
+                )  # fmt: skip
+
             table = new.lines.user_affinity.with_lines(users, fresh)
             new.lines = dataclasses.replace(new.lines, user_affinity=table)
         scale = (
@@ -1867,6 +1926,17 @@ class ExactScorer:
             shrink = (self.output.baseline_user_shrink, self.output.baseline_item_shrink)
             biases = StoredBiases(*shrink, mu, users, items)
         save_known_field(directory, self.key.to_json(), f.g, f.h, t, self.sparse_tables(), biases)
+
+    def online_tables(self) -> dict[str, np.ndarray]:
+        """What `updated` built that the ratings alone do not give back (the sparse user table keeps each
+        line's strongest pairs as of its last change, so it depends on how ratings were batched): a
+        snapshot stores it and a restore passes it back (`updated(..., tables=)`). A dense table follows
+        from the ratings and is recomputed instead."""
+        table = None if self.lines is None else self.lines.user_affinity
+        if not isinstance(table, SparseAffinity):
+            return {}
+        m = table.matrix
+        return {"user_table_indptr": m.indptr, "user_table_indices": m.indices, "user_table_data": m.data}
 
     def sparse_tables(self) -> dict[str, tuple[IntArray, IntArray, FloatArray]]:
         """The scorer's sparse co-rating tables as CSR arrays (indptr, indices, data), to be stored with

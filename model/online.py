@@ -25,7 +25,10 @@ once and sees one consistent model.
 
 from __future__ import annotations
 
+import io
+import json
 import threading
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -58,6 +61,13 @@ FORGET = ""
 
 USER_SHRINK, ITEM_SHRINK = 2.0, 5.0
 """Ridge penalties of the bias baseline that predicts a new item until it has an embedding."""
+
+SNAPSHOT_FORMAT = 1
+"""The layout of `FoldIn.snapshot`'s payload; a snapshot of another layout is refused."""
+
+
+class SnapshotError(ValueError):
+    """A snapshot that does not fit this fold-in (another layout, another artifact, inconsistent arrays)."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +281,159 @@ class FoldIn:
                 frozenset(self._forgotten),
             )
 
+    def snapshot(self) -> tuple[int, bytes]:
+        """The published state and what later ratings build on, as (applied, payload): an .npz of plain
+        arrays (no pickles) that `restore` turns back into this state. What `apply` computes per rating
+        (embeddings, refinements, biases, the known ratings in their order) is stored, so restoring costs
+        one scorer update, not a replay; a later `apply` continues exactly as it would have here."""
+        with self._lock:
+            state = self.state
+            n, m = self.artifact.config.n_users, self.artifact.config.n_items
+            online = _flat(self._online)
+            new_items = _flat(self._new_items)
+            changed = np.array(list(state.changed.items()), dtype=np.int64).reshape(-1, 2)
+            ids = {"users": self._users[n:], "items": self._items[m:]}
+            arrays = {
+                "format": np.array(
+                    [SNAPSHOT_FORMAT, state.applied, state.items_changed, n, m, len(self._base)]
+                ),
+                "ids": np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
+                "keep": self._keep,
+                "online_users": np.array(list(self._online), dtype=np.int64),  # with those who have none
+                "online_rows": online[0],
+                "online_cols": online[1],
+                "online_values": online[2],
+                "new_item_cols": new_items[0],
+                "new_item_rows": new_items[1],
+                "new_item_values": new_items[2],
+                "forgotten": np.array(sorted(self._forgotten), dtype=np.int64),
+                "taken_back": np.array(sorted(self._taken_back), dtype=np.int64),
+                "embedded": self._embedded,
+                "mu": np.array([self._mu]),
+                "user_biases": self._b,
+                "item_biases": self._c,
+                "user_emb": np.asarray(state.network.user_emb),
+                "item_emb": np.asarray(state.network.item_emb),
+                "known_rows": state.known.rows,
+                "known_cols": state.known.cols,
+                "known_values": state.known.values,
+                "changed": changed,
+                **{f"scorer_{name}": value for name, value in state.scorer.online_tables().items()},
+            }
+            buffer = io.BytesIO()
+            np.savez(buffer, allow_pickle=False, **arrays)
+            return state.applied, buffer.getvalue()
+
+    def restore(self, payload: bytes) -> int:
+        """Take the state of a `snapshot` of this artifact's fold-in; returns how many online ratings it
+        includes. Only a fold-in that has applied nothing yet can restore. Raises SnapshotError when the
+        payload is of another layout or artifact, or its arrays do not fit together; this fold-in is
+        then unchanged."""
+        try:
+            with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+                a = {name: npz[name] for name in npz.files}
+            fmt, applied, items_changed, n, m, n_base = (int(x) for x in a["format"])
+            ids = json.loads(a["ids"].tobytes().decode())
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+            raise SnapshotError(f"not a fold-in snapshot: {exc}") from exc
+        if fmt != SNAPSHOT_FORMAT:
+            raise SnapshotError(f"snapshot layout {fmt}, this code reads {SNAPSHOT_FORMAT}")
+        config = self.artifact.config
+        if (n, m, n_base) != (config.n_users, config.n_items, len(self._base)):
+            raise SnapshotError("the snapshot is of another artifact (its matrix or ratings differ)")
+        users = self._users[:n] + [str(u) for u in ids["users"]]
+        items = self._items[:m] + [str(j) for j in ids["items"]]
+        try:
+            with self._lock:
+                if self.state.applied:
+                    raise SnapshotError("only a fold-in that has applied nothing can restore")
+                self._restore(a, users, items, applied, items_changed)
+        except (KeyError, IndexError, ValueError) as exc:
+            if isinstance(exc, SnapshotError):
+                raise
+            raise SnapshotError(f"the snapshot's arrays do not fit together: {exc}") from exc
+        return applied
+
+    def _restore(
+        self, a: dict[str, np.ndarray], users: list[str], items: list[str], applied: int, items_changed: int
+    ) -> None:
+        """`restore` (the caller holds the lock): every field checked before any is replaced."""
+        n_users, n_items = len(users), len(items)
+        shapes = {
+            "keep": (len(self._base),),
+            "embedded": (n_items,),
+            "user_biases": (n_users,),
+            "item_biases": (n_items,),
+            "user_emb": (n_users, self.state.network.user_emb.shape[1]),
+            "item_emb": (n_items, self.state.network.item_emb.shape[1]),
+        }
+        for name, shape in shapes.items():
+            if a[name].shape != shape:
+                raise SnapshotError(f"{name} is {a[name].shape}, expected {shape}")
+        if len(set(users)) != n_users or len(set(items)) != n_items:
+            raise SnapshotError("repeated user or item ids")
+        known = Ratings(a["known_rows"], a["known_cols"], a["known_values"], n_users, n_items)
+        bounds = (
+            ("online_users", n_users),
+            ("online_rows", n_users),
+            ("online_cols", n_items),
+            ("new_item_rows", n_users),
+        )
+        for name, bound in bounds:
+            if len(a[name]) and (a[name].min() < 0 or a[name].max() >= bound):
+                raise SnapshotError(f"{name} outside the {n_users} x {n_items} matrix")
+        if len(a["new_item_cols"]) and a["new_item_cols"].min() < self.artifact.config.n_items:
+            raise SnapshotError("new_item_cols holds an item of the artifact")
+        old = self.state
+        online: dict[int, dict[int, float]] = {int(i): {} for i in a["online_users"].tolist()}
+        rows, cols, values = a["online_rows"].tolist(), a["online_cols"].tolist(), a["online_values"].tolist()
+        for i, j, r in zip(rows, cols, values, strict=True):
+            online.setdefault(i, {})[j] = r
+        new_items: dict[int, dict[int, float]] = {j: {} for j in range(self.artifact.config.n_items, n_items)}
+        cols, rows, values = (
+            a["new_item_cols"].tolist(),
+            a["new_item_rows"].tolist(),
+            a["new_item_values"].tolist(),
+        )
+        for j, i, r in zip(cols, rows, values, strict=True):
+            new_items[j][i] = r
+        changed = dict(zip(a["changed"][:, 0].tolist(), a["changed"][:, 1].tolist(), strict=True))
+        embedded = a["embedded"].astype(bool)
+        same = n_items == old.network.n_items
+        network = Network(
+            old.network.config,
+            a["user_emb"],
+            a["item_emb"],
+            old.network.bilinear,
+            old.network.item_table if same else None,
+        )
+        touched = np.array(sorted(changed), dtype=np.int64)
+        new_embedded = np.flatnonzero(embedded[self.artifact.config.n_items :]) + self.artifact.config.n_items
+        tables = {name[len("scorer_") :]: value for name, value in a.items() if name.startswith("scorer_")}
+        scorer = old.scorer.updated(network, known, touched, new_embedded, tables=tables)
+        # Checked and built: now replace.
+        self._users, self._items = users, items
+        self._user_index = {user: i for i, user in enumerate(users)}
+        self._item_index = {item: j for j, item in enumerate(items)}
+        self._online, self._new_items = online, new_items
+        self._keep = a["keep"].astype(bool)
+        self._forgotten = set(a["forgotten"].tolist())
+        self._taken_back = set(a["taken_back"].tolist())
+        self._embedded = embedded
+        self._mu, self._b, self._c = float(a["mu"][0]), a["user_biases"].copy(), a["item_biases"].copy()
+        self.state = OnlineState(
+            network,
+            known,
+            scorer,
+            applied,
+            embedded.copy(),
+            (self._mu, self._b.copy(), self._c.copy()),
+            dict(online),
+            changed,
+            items_changed,
+            frozenset(self._forgotten),
+        )
+
     def _forget(
         self, user: str, users: set[int], items: set[int], pairs: dict[tuple[int, int], float | None]
     ) -> None:
@@ -430,27 +593,30 @@ class FoldIn:
         return items[keep], values[keep]
 
     def _refit_biases(self, users: IntArray, items: IntArray) -> None:
-        """The baseline's biases of the changed users (given the item biases), then of the changed new
-        items (given the user biases): one exact ridge step each, over all their known ratings."""
+        """The baseline's biases of the changed users, from their ratings of the artifact's items (whose
+        biases are the artifact's fit), then of the new items that changed or that a changed user rated
+        (given the user biases): one exact ridge step each. Each bias so follows from the current ratings
+        alone, not from the order they were folded in (a snapshot's tail folds in as a replay would)."""
         self._b = _grown(self._b, len(self._users))
         self._c = _grown(self._c, len(self._items))
-        base, keep, mu = self._base, self._keep, self._mu
-        for user in users:
-            ratings = dict(self._online.get(int(user), {}))
+        base, keep, mu, m = self._base, self._keep, self._mu, self.artifact.config.n_items
+        rated_new: set[int] = set()
+        for user in users.tolist():
+            online = self._online.get(user, {})
+            rated_new.update(j for j in online if j >= m)
+            ratings = {}
             if user < base.n_users:
-                pos = base.by_row.of(int(user))
+                pos = base.by_row.of(user)
                 pos = pos[keep[pos]]
-                ratings = {
-                    **dict(zip(base.cols[pos].tolist(), base.values[pos].tolist(), strict=True)),
-                    **ratings,
-                }
-            cols = np.fromiter(ratings.keys(), dtype=np.int64)
-            values = np.fromiter(ratings.values(), dtype=np.float64)
+                ratings = dict(zip(base.cols[pos].tolist(), base.values[pos].tolist(), strict=True))
+            ratings.update((j, v) for j, v in online.items() if j < m)
+            cols = np.fromiter(ratings.keys(), dtype=np.int64, count=len(ratings))
+            values = np.fromiter(ratings.values(), dtype=np.float64, count=len(ratings))
             self._b[user] = (values - mu - self._c[cols]).sum() / (len(values) + USER_SHRINK)
-        for item in items:
-            raters = self._new_items[int(item)]
-            by = np.fromiter(raters.keys(), dtype=np.int64)
-            values = np.fromiter(raters.values(), dtype=np.float64)
+        for item in sorted(rated_new.union(items.tolist())):
+            raters = self._new_items[item]
+            by = np.fromiter(raters.keys(), dtype=np.int64, count=len(raters))
+            values = np.fromiter(raters.values(), dtype=np.float64, count=len(raters))
             self._c[item] = (values - mu - self._b[by]).sum() / (len(values) + ITEM_SHRINK)
 
 
@@ -527,6 +693,14 @@ def _solve_spd(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         x = np.linalg.solve(matrix, rhs)
     out: np.ndarray = x
     return out
+
+
+def _flat(nested: Mapping[int, Mapping[int, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """{a: {b: value}} as arrays (a, b, value) in the mappings' order (int64, int64, float64)."""
+    a = [k for k, inner in nested.items() for _ in inner]
+    b = [j for inner in nested.values() for j in inner]
+    values = [v for inner in nested.values() for v in inner.values()]
+    return np.array(a, dtype=np.int64), np.array(b, dtype=np.int64), np.array(values, dtype=np.float64)
 
 
 def _grown(table: np.ndarray, rows: int) -> np.ndarray:

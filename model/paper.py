@@ -7,6 +7,7 @@ distributions from R random partitions are averaged ("Experiments" in the paper)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,10 +116,19 @@ class PaperScorer:
         self.parts = draw_partitions(network, known, settings)
 
     def updated(
-        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+        self,
+        network: Network,
+        known: Ratings,
+        users: IntArray,
+        items: IntArray | None = None,
+        tables: Mapping[str, np.ndarray] | None = None,
     ) -> PaperScorer:
         """The scorer once ratings arrived online: the partitions are drawn again over the grown matrix."""
         return PaperScorer(network, known, self.crf, self.settings, self.message_scaling)
+
+    def online_tables(self) -> dict[str, np.ndarray]:
+        """Nothing that the ratings do not give back: the partitions are drawn again."""
+        return {}
 
     def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
         """Final distributions of the queried entries (rows[k], cols[k]): (K, p), the average over the

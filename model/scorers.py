@@ -9,7 +9,10 @@ Each scorer precomputes what it needs at construction and then answers `predict(
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
+
+import numpy as np
 
 from model.artifact import Artifact, StoredField
 from model.config import ConfigError, InferenceConfig, ModelConfig, resolve_crf
@@ -28,10 +31,20 @@ class Scorer(Protocol):
         ...
 
     def updated(
-        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+        self,
+        network: Network,
+        known: Ratings,
+        users: IntArray,
+        items: IntArray | None = None,
+        tables: Mapping[str, np.ndarray] | None = None,
     ) -> Scorer:
         """The scorer once ratings arrived online (`users`: those whose row or embedding changed; `items`:
-        those whose embedding changed)."""
+        those whose embedding changed; `tables`: `online_tables()` of the scorer that took them, given
+        back by a restored snapshot)."""
+        ...
+
+    def online_tables(self) -> dict[str, np.ndarray]:
+        """What `updated` built that the ratings do not give back, for a snapshot (plain arrays)."""
         ...
 
 
@@ -43,10 +56,19 @@ class NetworkScorer:
         return query_probs
 
     def updated(
-        self, network: Network, known: Ratings, users: IntArray, items: IntArray | None = None
+        self,
+        network: Network,
+        known: Ratings,
+        users: IntArray,
+        items: IntArray | None = None,
+        tables: Mapping[str, np.ndarray] | None = None,
     ) -> NetworkScorer:
         """Nothing to update: the new embeddings are the network's."""
         return self
+
+    def online_tables(self) -> dict[str, np.ndarray]:
+        """Nothing built online."""
+        return {}
 
 
 def build_scorer(
