@@ -62,6 +62,13 @@ class Metrics:
             "Rating stream entries this worker could not apply (poison: copied to the dead-letter stream).",
             registry=self.registry,
         )
+        self.snapshots = Counter(
+            "dcmc_fold_in_snapshots",
+            "Fold-in snapshots this worker wrote to Redis (written), started from (restored), or found and "
+            "did not trust (ignored: another model, stream or settings, or a bad checksum).",
+            ["event"],
+            registry=self.registry,
+        )
         self.redis_errors = Counter(
             "dcmc_redis_errors",
             "Redis calls that failed (reads went on with the model as it was).",

@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,8 +30,13 @@ from service.schemas import MAX_ID_LENGTH
 
 log = logging.getLogger(__name__)
 
+BULK_TIMEOUT_S = 30.0
+"""Socket timeout of the calls that move a fold-in snapshot (tens of megabytes) in or out of Redis."""
+
 READ_CHUNK = 5000
 """Stream entries read per call (replay and tail)."""
+
+T = TypeVar("T")
 
 TAIL_BLOCK_MS = 200
 """How long one tail read waits for new entries before it is issued again."""
@@ -109,6 +114,7 @@ class RatingLog:
         self.write_client = _client(url, write_timeout_s or timeout_s)
         # Blocking tail reads wait TAIL_BLOCK_MS on the server: their socket waits longer than that.
         self.tail_client = _client(url, timeout_s + TAIL_BLOCK_MS / 1000)
+        self.bulk_client = _client(url, max(timeout_s, BULK_TIMEOUT_S))  # fold-in snapshots
 
     def durability(self) -> Durability:
         """The server's persistence settings: durable only with an append-only file fsynced per write."""
@@ -190,6 +196,7 @@ class RatingLog:
         self.client.close()
         self.write_client.close()
         self.tail_client.close()
+        self.bulk_client.close()
 
 
 def stored_unknown(exc: redis.RedisError) -> bool:
@@ -272,6 +279,8 @@ class Follower:
         self.prepare: Callable[[], object] = lambda: None
         """Called once before the first read of the stream, retried until it succeeds (raises RedisError):
         where the artifact's place in this stream is decided."""
+        self.after_apply: Callable[[], object] = lambda: None
+        """Called by the tail thread after it applied new entries (a fold-in snapshot may be due)."""
         self._prepared = False
         self.last = "0"
         self.healthy = True
@@ -290,6 +299,11 @@ class Follower:
             while entries := self.ratings.read(self.last):
                 total += self._apply(entries)
         return total
+
+    def capture(self, read: Callable[[], T]) -> tuple[str, T]:
+        """(the last entry applied, read()) with nothing applied in between: what a snapshot covers."""
+        with self._lock:
+            return self.last, read()
 
     def _prepare(self) -> None:
         """`prepare`, once (the caller holds the lock)."""
@@ -368,6 +382,8 @@ class Follower:
                         if self.last == after:  # else a catch_up applied them meanwhile
                             self._apply(entries)
                     self.catch_up()
+                if entries:
+                    self.after_apply()
                 if not self.healthy:
                     log.warning(
                         "Redis at %s is back; following the rating stream again", self.ratings.shown_url

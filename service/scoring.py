@@ -24,13 +24,14 @@ from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
 from model.exact import ExactScorer, RowParts, baseline_mixture, level_distribution
 from model.ids import UnknownIdError
-from model.online import FoldIn, OnlineState
+from model.online import FoldIn, OnlineState, SnapshotError
 from model.ratings import Ratings
 from model.scorers import check_inference
 from model.types import Array
 from service.metrics import Metrics
-from service.online import Durability, Entry, Follower, Poison, RatingLog
+from service.online import Durability, Entry, Follower, Poison, RatingLog, stream_order
 from service.settings import Settings, inference_overrides
+from service.snapshot import SnapshotStore, Untrusted, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,14 @@ class Scorer:
         self.durability = Durability(False, "no Redis configured (REDIS_URL): online ratings are off")
         self.replayed = settings.redis_url is None
         self._last_probe = 0.0
+        self.snapshots: SnapshotStore | None = None
+        # What shapes the fold-in state besides the artifact and the ratings: a snapshot must match it.
+        self.fingerprint = fingerprint(
+            {"inference": self.inference.to_dict(), "refine_trained": self.fold.refine_trained}
+        )
+        self._identity: str | None = None
+        self._snapshot_checked = 0.0
+        self._snapshot_known = 0  # `applied` of the newest snapshot this worker knows is stored
         if settings.redis_url:
             self.ratings = RatingLog(
                 settings.redis_url,
@@ -329,6 +338,10 @@ class Scorer:
             )
             self.follower.interval_s = settings.fold_in_interval_s
             self.follower.prepare = self._place_in_stream
+            self.follower.after_apply = self._maybe_snapshot
+            self.snapshots = SnapshotStore(
+                self.ratings.bulk_client, self.ratings.key, self.version, self.fingerprint
+            )
 
     # -- start-up and shutdown ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -347,11 +360,16 @@ class Scorer:
         self.follower.start()
 
     def _place_in_stream(self) -> None:
-        """Before the first read of the stream: replay only what the artifact was not trained on (`dcmc
-        train --online-ratings`), after folding in the ratings of held-out pairs it kept; all of the
-        stream when the artifact read another stream of this name (its recorded identity differs)."""
+        """Before the first read of the stream: start from the newest fold-in snapshot of this model in
+        Redis where there is one it can trust (service/snapshot.py); else replay only what the artifact
+        was not trained on (`dcmc train --online-ratings`), after folding in the ratings of held-out pairs
+        it kept; all of the stream when the artifact read another stream of this name (its recorded
+        identity differs)."""
         assert self.ratings is not None and self.follower is not None
         key, identity = self.ratings.key, self.ratings.identity()
+        self._identity = identity
+        if self._restore(self.artifact.online_snapshot(key, identity)):
+            return
         recorded = (self.artifact.meta.get("dataset") or {}).get("online_ratings") or {}
         if recorded.get("stream") == key and recorded.get("stream_identity") not in (None, identity):
             log.warning(
@@ -366,6 +384,74 @@ class Scorer:
         if held:
             self.fold.apply(held)
             log.info("folded in %d online ratings of held-out pairs that the artifact kept", len(held))
+
+    def _restore(self, start: str) -> bool:
+        """Start from the stored fold-in snapshot if it can be trusted and covers at least the artifact's
+        place `start` in the stream; False (logged) when there is none or it is ignored."""
+        assert self.snapshots is not None and self.follower is not None
+        began = time.perf_counter()
+        try:
+            snapshot = self.snapshots.load(self._identity)
+            if snapshot is None:
+                return False
+            if stream_order(snapshot.last) < stream_order(start):
+                raise Untrusted(f"it ends at {snapshot.last}, before the artifact's place {start}")
+            applied = self.fold.restore(snapshot.data)
+        except (Untrusted, SnapshotError) as exc:
+            log.warning("ignoring the fold-in snapshot %s: %s", self.snapshots.key, exc)
+            self.metrics.snapshots.labels("ignored").inc()
+            return False
+        self.follower.last = snapshot.last
+        self._snapshot_known = applied
+        self.metrics.snapshots.labels("restored").inc()
+        log.info(
+            "started from the fold-in snapshot of %d online ratings (stream up to %s) in %.2fs",
+            applied,
+            snapshot.last,
+            time.perf_counter() - began,
+        )
+        return True
+
+    def _maybe_snapshot(self) -> None:
+        """Store a fold-in snapshot when one is due (the tail thread calls it after applying entries):
+        `snapshot_every` ratings past the stored one, or any past it and `snapshot_interval_s` since it
+        was written. At most one worker writes at a time (a lease); a Redis failure is logged and counted,
+        and the snapshot is tried again later."""
+        interval = self.settings.snapshot_interval_s
+        applied = self.fold.state.applied
+        now = time.monotonic()
+        if self.snapshots is None or self.follower is None or not interval or applied <= self._snapshot_known:
+            return
+        if now - self._snapshot_checked < min(1.0, interval):
+            return
+        self._snapshot_checked = now
+        try:
+            meta = self.snapshots.meta() or {}
+            stored, written = int(meta.get("applied", -1)), float(meta.get("written_at", 0.0))
+            self._snapshot_known = max(stored, 0)
+            due = applied - stored >= self.settings.snapshot_every or (
+                applied > stored and time.time() - written >= interval
+            )
+            if not due or not self.snapshots.acquire(max(interval, 10.0)):
+                return
+            try:
+                began = time.perf_counter()
+                last, (count, data) = self.follower.capture(self.fold.snapshot)
+                self.snapshots.write(last, count, self._identity, data)
+                self._snapshot_known = count
+                self.metrics.snapshots.labels("written").inc()
+                log.info(
+                    "stored a fold-in snapshot of %d online ratings (%.1f MB, stream up to %s) in %.2fs",
+                    count,
+                    len(data) / 1e6,
+                    last,
+                    time.perf_counter() - began,
+                )
+            finally:
+                self.snapshots.release()
+        except redis.RedisError as exc:
+            self.metrics.redis_errors.inc()
+            log.warning("cannot store a fold-in snapshot now (%s); trying again later", exc)
 
     def refresh_durability(self) -> Durability:
         """Read the server's persistence settings again (at start-up, when Redis comes back, and on a

@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     embeds it); `auto`: the artifact's choice, made on its validation ratings at training
     (training/fold_in.py; `all` for an artifact without one). `new` folds in about 14x faster; `all` helps
     an under-trained network."""
+    snapshot_interval_s: float = Field(default=30.0, ge=0)
+    """How often (at most) the deployment stores a fold-in snapshot in Redis while ratings arrive
+    (service/snapshot.py): a starting or reloading worker loads the newest and replays only the stream
+    after it. One worker at a time writes it (a lease); 0 = this worker never writes one (it still loads
+    one another worker wrote)."""
+    snapshot_every: PositiveInt = 50_000
+    """A snapshot is also due once this many online ratings arrived since the stored one, however soon."""
     read_after_timeout_s: float = Field(default=1.0, ge=0)
     """How long a read with `after` (a stream id POST /ratings returned) waits for this worker to apply
     that rating before it answers 503 with Retry-After."""

@@ -339,7 +339,8 @@ def test_a_poison_entry_is_skipped_dead_lettered_and_reported(
         stream.xadd("dcmc:ratings", {"user": "", "item": "i2", "rating": "3"}): "user id of 0 characters",
     }
     stream.xadd("dcmc:ratings", {"user": "late", "item": "i3", "rating": "2.0"})
-    with _app(tiny_artifact, durable_redis) as api:  # start-up replays past them
+    # start-up replays past them (no fold-in snapshot stored: the restart below replays them too)
+    with _app(tiny_artifact, durable_redis, snapshot_interval_s=0) as api:
         assert api.client.get("/ready").status_code == 200
         for user in ("early", "late"):
             assert api.client.post("/predict", json={"user": user, "items": ["i1"]}).status_code == 200
@@ -595,3 +596,71 @@ def test_forgetting_a_user_answers_404_for_them_and_never_lists_them(
     with _app(tiny_artifact, durable_redis) as again:  # a fresh process replays it
         assert again.client.post("/predict", json={"user": "u3", "items": ITEMS}).status_code == 404
         assert again.client.get("/health").json()["skipped_entries"] == 0
+
+
+def _wait_for(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_worker_starts_from_the_fold_in_snapshot_and_replays_only_what_follows(
+    tiny_artifact: Path, durable_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    users = ["snapper", "u5", "latecomer"]
+    with _app(tiny_artifact, durable_redis, snapshot_interval_s=3600) as api:
+        _write(api.client, _ratings("snapper", [("i1", 5), ("i2", 1)]))
+        _write(api.client, _ratings("u5", [("i0", 1), ("i7", 2)]))
+        _write(api.client, {"ratings": [{"user": "u5", "item": "gadget", "rating": 4}]})  # a new item
+        # No snapshot stored yet: the first is due at once; the next only after an hour or 50,000 ratings.
+        _wait_for(lambda: api.metric("dcmc_fold_in_snapshots_total", event="written") == 1)
+        last = _write(api.client, _ratings("latecomer", [("i3", 4), ("i4", 2)]))  # the tail
+        last = _write(api.client, _ratings("snapper", [("i9", 3)]))
+        answers = {user: _predict(api.client, user, after=last) for user in users}
+        assert api.metric("dcmc_fold_in_snapshots_total", event="written") == 1
+    with (
+        caplog.at_level(logging.INFO, logger="service.scoring"),
+        _app(tiny_artifact, durable_redis) as restarted,
+    ):
+        assert restarted.metric("dcmc_fold_in_snapshots_total", event="restored") == 1
+        assert restarted.metric("dcmc_ratings_applied_total") == 3  # the tail's entries alone
+        for user in users:
+            np.testing.assert_allclose(_predict(restarted.client, user), answers[user], rtol=0, atol=1e-9)
+    assert any("started from the fold-in snapshot of 5 online ratings" in r.message for r in caplog.records)
+    # A damaged snapshot is not trusted: the worker replays the whole stream, to the same answers.
+    client = redis.Redis.from_url(durable_redis.url)
+    (key,) = client.keys("dcmc:ratings:snapshot:*")
+    client.hset(key, "data", b"not the payload")
+    client.close()
+    with (
+        caplog.at_level(logging.WARNING, logger="service.scoring"),
+        _app(tiny_artifact, durable_redis) as again,
+    ):
+        assert again.metric("dcmc_fold_in_snapshots_total", event="ignored") == 1
+        assert again.metric("dcmc_ratings_applied_total") == 8
+        for user in users:
+            np.testing.assert_allclose(_predict(again.client, user), answers[user], rtol=0, atol=1e-9)
+    assert any("does not match its checksum" in r.message for r in caplog.records)
+
+
+def test_a_snapshot_of_other_settings_or_another_stream_is_not_used(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    with _app(tiny_artifact, durable_redis, snapshot_interval_s=3600) as api:
+        last = _write(api.client, _ratings("snapper", [("i1", 5), ("i2", 1)]))
+        _wait_for(lambda: api.metric("dcmc_fold_in_snapshots_total", event="written") == 1)
+        answer = _predict(api.client, "snapper", after=last)
+    # Other inference settings shape another state: that worker keeps its own snapshot key.
+    other = {"inference": {"crf": {"gamma": 2.0}}}
+    with _app(tiny_artifact, durable_redis, **other) as changed:
+        assert changed.metric("dcmc_fold_in_snapshots_total", event="restored") == 0
+        assert changed.metric("dcmc_ratings_applied_total") == 2
+    # The stream emptied and begun again (another identity): the snapshot is of the old one.
+    client = redis.Redis.from_url(durable_redis.url)
+    client.delete("dcmc:ratings", "dcmc:ratings:identity")
+    client.close()
+    with _app(tiny_artifact, durable_redis) as fresh:
+        assert fresh.metric("dcmc_fold_in_snapshots_total", event="ignored") == 1
+        assert fresh.client.post("/predict", json={"user": "snapper", "items": ITEMS}).status_code == 404
+    assert np.isfinite(answer).all()
