@@ -279,8 +279,9 @@ class Follower:
         self.prepare: Callable[[], object] = lambda: None
         """Called once before the first read of the stream, retried until it succeeds (raises RedisError):
         where the artifact's place in this stream is decided."""
-        self.after_apply: Callable[[], object] = lambda: None
-        """Called by the tail thread after it applied new entries (a fold-in snapshot may be due)."""
+        self.after_read: Callable[[], object] = lambda: None
+        """Called by the tail thread after each read of the stream, whether or not it brought entries (a
+        fold-in snapshot may be due: after the start-up replay, or after new entries)."""
         self._prepared = False
         self.last = "0"
         self.healthy = True
@@ -382,8 +383,7 @@ class Follower:
                         if self.last == after:  # else a catch_up applied them meanwhile
                             self._apply(entries)
                     self.catch_up()
-                if entries:
-                    self.after_apply()
+                self.after_read()
                 if not self.healthy:
                     log.warning(
                         "Redis at %s is back; following the rating stream again", self.ratings.shown_url

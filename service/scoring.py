@@ -338,7 +338,7 @@ class Scorer:
             )
             self.follower.interval_s = settings.fold_in_interval_s
             self.follower.prepare = self._place_in_stream
-            self.follower.after_apply = self._maybe_snapshot
+            self.follower.after_read = self._maybe_snapshot
             self.snapshots = SnapshotStore(
                 self.ratings.bulk_client, self.ratings.key, self.version, self.fingerprint
             )
@@ -413,7 +413,7 @@ class Scorer:
         return True
 
     def _maybe_snapshot(self) -> None:
-        """Store a fold-in snapshot when one is due (the tail thread calls it after applying entries):
+        """Store a fold-in snapshot when one is due (the tail thread calls it after each read):
         `snapshot_every` ratings past the stored one, or any past it and `snapshot_interval_s` since it
         was written. At most one worker writes at a time (a lease); a Redis failure is logged and counted,
         and the snapshot is tried again later."""

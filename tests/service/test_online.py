@@ -610,9 +610,11 @@ def test_a_worker_starts_from_the_fold_in_snapshot_and_replays_only_what_follows
 ) -> None:
     users = ["snapper", "u5", "latecomer"]
     with _app(tiny_artifact, durable_redis, snapshot_interval_s=3600) as api:
-        _write(api.client, _ratings("snapper", [("i1", 5), ("i2", 1)]))
-        _write(api.client, _ratings("u5", [("i0", 1), ("i7", 2)]))
-        _write(api.client, {"ratings": [{"user": "u5", "item": "gadget", "rating": 4}]})  # a new item
+        first = (
+            _ratings("snapper", [("i1", 5), ("i2", 1)])["ratings"]
+            + _ratings("u5", [("i0", 1), ("i7", 2)])["ratings"]
+        )
+        _write(api.client, {"ratings": [*first, {"user": "u5", "item": "gadget", "rating": 4}]})  # a new item
         # No snapshot stored yet: the first is due at once; the next only after an hour or 50,000 ratings.
         _wait_for(lambda: api.metric("dcmc_fold_in_snapshots_total", event="written") == 1)
         last = _write(api.client, _ratings("latecomer", [("i3", 4), ("i4", 2)]))  # the tail
