@@ -1,0 +1,178 @@
+"""A worker's start-up with a long online history: replaying the stream vs starting from a fold-in snapshot.
+
+    python benchmarks/startup.py --artifacts DIR [--users 30000] [--per-user 10] [--sample 200]
+
+Writes `--users` new users x `--per-user` ratings of random artifact items (random levels, seeded) into
+the stream of a private redis-server (append-only, fsynced), in the service's own entry format, then:
+
+1. replay: `dcmc serve --workers 1` with snapshots off: seconds from launch to /ready and peak RSS (the
+   whole stream replayed); its answers for `--sample` of the new users are the reference;
+2. snapshot: a worker with snapshots on, left running until it has stored one (service/snapshot.py);
+3. restart: a fresh worker: seconds to /ready, peak RSS (VmHWM), and the largest difference of its answers
+   from the reference.
+
+Appends the record to benchmarks/results/startup.jsonl and rewrites startup.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import commit_label
+from online import Redis, Service, machine
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def write_stream(redis_server: Redis, prefix: str, artifact: Path, users: int, per_user: int) -> int:
+    """The history, written straight into the stream (pipelined XADDs of the service's entry format)."""
+    from model.artifact import load_artifact
+    from model.stream import stream_key
+    from service.online import entry_fields
+
+    art = load_artifact(artifact)
+    rng = np.random.default_rng(0)
+    items, levels = art.items.ids, art.levels
+    key = stream_key(prefix)
+    pipe = redis_server.client.pipeline(transaction=False)
+    count = 0
+    for u in range(users):
+        for j in rng.choice(len(items), per_user, replace=False):
+            pipe.xadd(key, entry_fields(f"new{u}", items[j], float(rng.choice(levels))))  # type: ignore[arg-type]
+            count += 1
+        if u % 500 == 499:
+            pipe.execute()
+    pipe.execute()
+    return count
+
+
+def peak_rss_mb(pid: int) -> dict[str, float]:
+    """VmHWM (peak) and VmRSS of a process, in MB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmHWM", "VmRSS"):
+            out[name] = int(value.split()[0]) / 1024
+    return out
+
+
+def start(artifact: Path, redis_server: Redis, prefix: str, log: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Launch a worker, wait for /ready; (service, seconds to ready, memory)."""
+    began = time.perf_counter()
+    svc = Service(artifact, redis_server.url, prefix, 1, log, {"DCMC_LOG_LEVEL": "info", **env})
+    svc.wait_ready(timeout=1800)
+    ready_s = time.perf_counter() - began
+    return {"service": svc, "ready_s": round(ready_s, 2), **peak_rss_mb(svc.proc.pid)}
+
+
+def answers(svc: Service, users: list[str], items: list[str]) -> np.ndarray:
+    return np.array([svc.predict(u, items) for u in users])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--artifacts", required=True, help="artifact directory (e.g. the ML-100K default)")
+    parser.add_argument("--users", type=int, default=30_000)
+    parser.add_argument("--per-user", type=int, default=10)
+    parser.add_argument("--sample", type=int, default=200, help="new users whose answers are compared")
+    parser.add_argument("--results", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    artifact = Path(args.artifacts).resolve()
+    results = Path(args.results)
+    log = Path(tempfile.mkdtemp(prefix="dcmc-startup-")) / "serve.log"
+    prefix = "startup"
+    rng = np.random.default_rng(1)
+    sample = [f"new{u}" for u in rng.choice(args.users, min(args.sample, args.users), replace=False)]
+    from model.artifact import load_artifact
+
+    items = list(load_artifact(artifact).items.ids[:100])
+    record: dict[str, Any] = {
+        "commit": commit_label(),
+        "command": "python benchmarks/startup.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine(),
+        "artifact": str(artifact),
+        "users": args.users,
+        "per_user": args.per_user,
+    }
+    with Redis() as redis_server:
+        began = time.perf_counter()
+        record["ratings"] = write_stream(redis_server, prefix, artifact, args.users, args.per_user)
+        record["write_s"] = round(time.perf_counter() - began, 1)
+        print(f"{record['ratings']} ratings in the stream ({record['write_s']} s)", flush=True)
+
+        replay = start(artifact, redis_server, prefix, log, {"DCMC_SNAPSHOT_INTERVAL_S": "0"})
+        reference = answers(replay["service"], sample, items)
+        replay["service"].stop()
+        record["replay"] = {k: v for k, v in replay.items() if k != "service"}
+        print("replay:", record["replay"], flush=True)
+
+        writer = start(artifact, redis_server, prefix, log, {})
+        deadline = time.monotonic() + 600
+        while writer["service"].metrics_by("dcmc_fold_in_snapshots_total", "event").get("written", 0) < 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no snapshot stored in 10 minutes")
+            time.sleep(0.2)
+        writer["service"].stop()
+        meta = json.loads(
+            redis_server.client.hget(
+                next(iter(redis_server.client.keys(f"{prefix}:ratings:snapshot:*"))), "meta"
+            )
+        )  # type: ignore[arg-type]
+        record["snapshot"] = {"bytes": meta["bytes"], "applied": meta["applied"]}
+
+        restart = start(artifact, redis_server, prefix, log, {})
+        got = answers(restart["service"], sample, items)
+        restored = restart["service"].metrics_by("dcmc_fold_in_snapshots_total", "event").get("restored", 0)
+        restart["service"].stop()
+        record["restart"] = {k: v for k, v in restart.items() if k != "service"}
+        record["restart"]["restored"] = restored
+        record["restart"]["max_abs_diff"] = float(np.abs(got - reference).max())
+        print("restart:", record["restart"], flush=True)
+    results.mkdir(parents=True, exist_ok=True)
+    with (results / "startup.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    write_report(results)
+    return 0
+
+
+def write_report(results: Path) -> Path:
+    rows = [json.loads(line) for line in (results / "startup.jsonl").read_text().splitlines() if line.strip()]
+    lines = [
+        "# Start-up with a long online history: replay vs fold-in snapshot",
+        "",
+        "Written by `benchmarks/startup.py` (its docstring says what each row measures). New users' ratings",
+        "are written into the stream of a private Redis; a worker that replays the whole stream is timed,",
+        "then a fresh worker that starts from the fold-in snapshot another worker stored. Ready = from",
+        "launching `dcmc serve --workers 1` to /ready answering 200; peak RSS = the process's VmHWM then.",
+        "",
+        "| commit | ratings (users x each) | replay: ready s | replay: peak RSS MB | snapshot MB | "
+        "restart: ready s | restart: peak RSS MB | answers vs replay, max abs diff |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['commit']} | {r['ratings']:,} ({r['users']:,} x {r['per_user']}) | "
+            f"{r['replay']['ready_s']} | {r['replay']['VmHWM']:.0f} | {r['snapshot']['bytes'] / 1e6:.0f} | "
+            f"{r['restart']['ready_s']} | {r['restart']['VmHWM']:.0f} | {r['restart']['max_abs_diff']:.1e} |"
+        )
+    lines += ["", "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in rows})), ""]
+    path = results / "startup.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
