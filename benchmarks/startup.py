@@ -38,8 +38,7 @@ RESULTS = REPO / "benchmarks" / "results"
 def write_stream(redis_server: Redis, prefix: str, artifact: Path, users: int, per_user: int) -> int:
     """The history, written straight into the stream (pipelined XADDs of the service's entry format)."""
     from model.artifact import load_artifact
-    from model.stream import stream_key
-    from service.online import entry_fields
+    from model.stream import entry_fields, stream_key
 
     art = load_artifact(artifact)
     rng = np.random.default_rng(0)

@@ -42,6 +42,7 @@ from model.engine import Network, nearest_level, softmax
 from model.exact import ExactScorer, bias_baseline
 from model.ratings import Ratings
 from model.scorers import Scorer, artifact_scorer
+from model.stream import FORGET
 from model.types import Array, IntArray
 
 Embed = Callable[[Array], Array]
@@ -55,9 +56,6 @@ Chosen on validation entries (held-out users' own training ratings, not the test
 
 FOLD_IN_STEPS = 8
 """Newton steps of the refinement (the objective is smooth and strongly convex: they converge)."""
-
-FORGET = ""
-"""The item of (user, FORGET, None): forget the user (`FoldIn.apply`)."""
 
 USER_SHRINK, ITEM_SHRINK = 2.0, 5.0
 """Ridge penalties of the bias baseline that predicts a new item until it has an embedding."""

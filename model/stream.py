@@ -1,12 +1,139 @@
-"""The Redis rating stream as the service writes it and the trainer reads it: its key, its identity, and
-how a Redis URL is shown in logs and messages (never with its password)."""
+"""The Redis rating stream as the service writes it and the trainer reads it: its key, its identity, the
+format of its entries (written by `entry_fields`, read by `parse_entry`), and how a Redis URL is shown in
+logs and messages (never with its password).
+
+An entry is one of
+
+    {user, item, rating}    a rating (a later one of the same pair replaces it)
+    {user, item, retract}   the user took the rating of the item back (DELETE /ratings)
+    {user, forget}          forget the user: every rating of theirs before it is gone (DELETE /users/{id})
+
+with external ids of 1 to MAX_ID_LENGTH characters. Anything else is poison: the service skips it (and
+copies it to the dead-letter stream), and so does the trainer.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
 
 HIDDEN = "***"
 """What a password is shown as."""
+
+MAX_ID_LENGTH = 256
+"""Longest external user or item id, in characters (the API refuses longer ones with 422)."""
+
+FORGET = ""
+"""The item of an Entry that forgets its user (`(user, FORGET, None)`; no item id is empty)."""
+
+RETRACT = "retract"
+"""The stream field that marks a retraction (in place of `rating`)."""
+
+FORGET_FIELD = "forget"
+"""The stream field that marks forgetting a user (in place of `item` and `rating`)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stream entry as applied: stream id, external user and item ids, rating; None for a retraction,
+    and item FORGET with rating None to forget the user."""
+
+    id: str
+    user: str
+    item: str
+    rating: float | None
+
+    def fields(self) -> dict[str, str]:
+        """Its stream fields, as the dead-letter stream shows a refused entry's."""
+        return entry_fields(self.user, self.item, self.rating)
+
+
+@dataclass(frozen=True)
+class Poison:
+    """A stream entry that cannot be applied (a missing field, a bad value): skipped, copied to the
+    dead-letter stream, counted and reported."""
+
+    id: str
+    fields: dict[str, str]
+    reason: str
+
+
+def entry_fields(user: str, item: str, rating: float | None) -> dict[str, str]:
+    """A stream entry's fields: {user, item, rating}, {user, item, retract} for a retraction, or
+    {user, forget} to forget the user (item FORGET)."""
+    if rating is None and item == FORGET:
+        return {"user": user, FORGET_FIELD: "1"}
+    if rating is None:
+        return {"user": user, "item": item, RETRACT: "1"}
+    return {"user": user, "item": item, "rating": repr(float(rating))}
+
+
+def parse_entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | Poison:
+    """A stream entry (its id and fields, as Redis returns them) as an Entry, or as Poison saying what is
+    wrong with it."""
+    eid = text(entry_id)
+    decoded = {_text_or_none(k): _text_or_none(v) for k, v in fields.items()}
+    f = {k: v for k, v in decoded.items() if k is not None and v is not None}
+    shown = {k: v[:MAX_ID_LENGTH] for k, v in f.items()}
+    if len(f) != len(decoded) or None in decoded.values():
+        return Poison(eid, shown, "a field that is not UTF-8")
+    if FORGET_FIELD in f and "user" in f and 0 < len(f["user"]) <= MAX_ID_LENGTH:
+        return Entry(eid, f["user"], FORGET, None)
+    missing = [name for name in ("user", "item") if name not in f]
+    if "rating" not in f and RETRACT not in f:
+        missing.append("rating")
+    if missing:
+        return Poison(eid, shown, f"no {', '.join(missing)} field")
+    for name in ("user", "item"):
+        if not 0 < len(f[name]) <= MAX_ID_LENGTH:
+            return Poison(eid, shown, f"{name} id of {len(f[name])} characters (1 to {MAX_ID_LENGTH})")
+    if "rating" not in f:
+        return Entry(eid, f["user"], f["item"], None)
+    try:
+        rating = float(f["rating"])
+    except ValueError:
+        return Poison(eid, shown, "rating is not a number")
+    if not math.isfinite(rating):
+        return Poison(eid, shown, "rating is not finite")
+    return Entry(eid, f["user"], f["item"], rating)
+
+
+def off_levels(entries: list[Entry], levels: Any) -> list[Poison]:
+    """The ratings among `entries` that are not one of the model's `levels` (within 1e-9), as Poison."""
+    levels = np.asarray(levels, dtype=np.float64)
+    ratings = np.fromiter(
+        (levels[0] if e.rating is None else e.rating for e in entries),  # a retraction or forget: no level
+        dtype=np.float64,
+        count=len(entries),
+    )
+    on_level = np.isclose(ratings[:, None], levels[None, :], rtol=0, atol=1e-9).any(axis=1)
+    return [
+        Poison(e.id, e.fields(), "rating off the levels")
+        for e, ok in zip(entries, on_level.tolist(), strict=True)
+        if not ok
+    ]
+
+
+def stream_order(entry_id: str) -> tuple[int, int]:
+    """A stream id "ms-seq" as a pair that sorts as Redis orders ids."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply's bytes as text (UTF-8)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _text_or_none(value: bytes | str) -> str | None:
+    try:
+        return text(value)
+    except UnicodeDecodeError:
+        return None
 
 
 def stream_key(prefix: str) -> str:

@@ -14,8 +14,8 @@ import redis
 from fastapi import HTTPException, Query
 from starlette.concurrency import run_in_threadpool
 
+from model.stream import stream_order
 from service.errors import invalid
-from service.online import stream_order
 from service.scoring import Scorer
 
 POLL_S = 0.002

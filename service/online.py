@@ -1,18 +1,18 @@
 """The online ratings in Redis, the shared state of every worker and replica.
 
 Ratings that arrive after training are appended to one Redis stream, `<prefix>:ratings`, each entry
-`{user, item, rating}` with external ids. The stream's order is the one global order: every worker of every
-replica reads it from the start (at start-up, a replay) and then tails it, folding each rating into its
-in-memory model (model/online.py). A write is acknowledged once Redis has executed the whole batch as one
-transaction; with `appendonly yes` and `appendfsync always` that means it is on disk and survives `kill -9`
-of Redis (`durability` reports whether the server is set up so).
+`{user, item, rating}` with external ids (retractions and forgetting too: model/stream.py holds the
+format). The stream's order is the one global order: every worker of every replica catches up with it at
+start-up (from a fold-in snapshot, service/snapshot.py, or by a replay) and then tails it, folding each
+rating into its in-memory model (model/online.py). A write is acknowledged once Redis has executed the
+whole batch as one transaction; with `appendonly yes` and `appendfsync always` that means it is on disk and
+survives `kill -9` of Redis (`durability` reports whether the server is set up so).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -23,10 +23,18 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from model.online import FORGET
-from model.stream import identity_key, redact_url, stream_key
+from model.stream import (
+    Entry,
+    Poison,
+    entry_fields,
+    identity_key,
+    parse_entry,
+    redact_url,
+    stream_key,
+    stream_order,
+    text,
+)
 from service.metrics import Metrics
-from service.schemas import MAX_ID_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -48,48 +56,6 @@ class Durability:
 
     durable: bool
     detail: str
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One online rating as stored: stream id, external user and item ids, rating; None for a retraction
-    (DELETE /ratings: the user took the rating of that item back)."""
-
-    id: str
-    user: str
-    item: str
-    rating: float | None
-
-    def fields(self) -> dict[str, str]:
-        """Its stream fields, as the dead-letter stream shows a refused entry's."""
-        return entry_fields(self.user, self.item, self.rating)
-
-
-RETRACT = "retract"
-"""The stream field that marks a retraction (in place of `rating`)."""
-
-FORGET_FIELD = "forget"
-"""The stream field that marks forgetting a user (in place of `item` and `rating`)."""
-
-
-def entry_fields(user: str, item: str, rating: float | None) -> dict[str, str]:
-    """A stream entry's fields: {user, item, rating}, {user, item, retract} for a retraction, or
-    {user, forget} to forget the user (item `model.online.FORGET`)."""
-    if rating is None and item == FORGET:
-        return {"user": user, FORGET_FIELD: "1"}
-    if rating is None:
-        return {"user": user, "item": item, RETRACT: "1"}
-    return {"user": user, "item": item, "rating": repr(float(rating))}
-
-
-@dataclass(frozen=True)
-class Poison:
-    """A stream entry that cannot be applied (a missing field, a bad value): skipped, copied to the
-    dead-letter stream, counted and reported."""
-
-    id: str
-    fields: dict[str, str]
-    reason: str
 
 
 def _client(url: str, timeout_s: float) -> redis.Redis:
@@ -138,12 +104,12 @@ class RatingLog:
         (all of it or nothing: a transaction)."""
         if len(ratings) == 1:  # one command is atomic by itself: no MULTI/EXEC around it
             fields = entry_fields(*ratings[0])
-            return _text(self.write_client.xadd(self.key, fields))  # type: ignore[arg-type]
+            return text(self.write_client.xadd(self.key, fields))  # type: ignore[arg-type]
         pipe = self.write_client.pipeline(transaction=True)
         for user, item, rating in ratings:
             pipe.xadd(self.key, entry_fields(user, item, rating))  # type: ignore[arg-type]
         ids = pipe.execute()
-        return _text(ids[-1])
+        return text(ids[-1])
 
     def dead_letter(self, poison: Poison) -> bool:
         """Copy a poison entry to the dead-letter stream `<prefix>:ratings:dead-letter` under its own id,
@@ -164,9 +130,9 @@ class RatingLog:
         if block_ms is None:
             start = f"({after}" if after != "0" else "-"
             raw: Any = self.client.xrange(self.key, min=start, count=READ_CHUNK)
-            return [_entry(i, f) for i, f in raw]
+            return [parse_entry(i, f) for i, f in raw]
         reply: Any = self.tail_client.xread({self.key: after}, count=READ_CHUNK, block=block_ms)
-        return [_entry(i, f) for _, entries in reply or [] for i, f in entries]
+        return [parse_entry(i, f) for _, entries in reply or [] for i, f in entries]
 
     def identity(self) -> str | None:
         """The stream's identity (`model.stream.identity_key`), set here first if it has none (SET NX: of
@@ -177,7 +143,7 @@ class RatingLog:
         with contextlib.suppress(redis.ResponseError):
             self.client.set(key, uuid.uuid4().hex, nx=True)
         value: Any = self.client.get(key)
-        return _text(value) if value is not None else None
+        return text(value) if value is not None else None
 
     def last_generated(self) -> str:
         """The id of the newest entry the stream has ever had ("0-0" for none); raises redis.RedisError."""
@@ -185,7 +151,7 @@ class RatingLog:
             info: Any = self.client.xinfo_stream(self.key)
         except redis.ResponseError:  # no such key: no entry was ever written
             return "0-0"
-        return _text(info["last-generated-id"])
+        return text(info["last-generated-id"])
 
     def ping(self) -> None:
         """One PING (raises redis.RedisError when Redis is down)."""
@@ -208,52 +174,6 @@ def stored_unknown(exc: redis.RedisError) -> bool:
         text = str(exc)
         return not ("connecting to" in text or "writing to socket" in text)
     return False
-
-
-def stream_order(entry_id: str) -> tuple[int, int]:
-    """A stream id "ms-seq" as a pair that sorts as Redis orders ids."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _text_or_none(value: bytes | str) -> str | None:
-    try:
-        return _text(value)
-    except UnicodeDecodeError:
-        return None
-
-
-def _entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | Poison:
-    """A stream entry as an Entry, or as Poison saying what is wrong with it."""
-    eid = _text(entry_id)
-    decoded = {_text_or_none(k): _text_or_none(v) for k, v in fields.items()}
-    f = {k: v for k, v in decoded.items() if k is not None and v is not None}
-    shown = {k: v[:MAX_ID_LENGTH] for k, v in f.items()}
-    if len(f) != len(decoded) or None in decoded.values():
-        return Poison(eid, shown, "a field that is not UTF-8")
-    if FORGET_FIELD in f and "user" in f and 0 < len(f["user"]) <= MAX_ID_LENGTH:
-        return Entry(eid, f["user"], FORGET, None)
-    missing = [name for name in ("user", "item") if name not in f]
-    if "rating" not in f and RETRACT not in f:
-        missing.append("rating")
-    if missing:
-        return Poison(eid, shown, f"no {', '.join(missing)} field")
-    for name in ("user", "item"):
-        if not 0 < len(f[name]) <= MAX_ID_LENGTH:
-            return Poison(eid, shown, f"{name} id of {len(f[name])} characters (1 to {MAX_ID_LENGTH})")
-    if "rating" not in f:
-        return Entry(eid, f["user"], f["item"], None)
-    try:
-        rating = float(f["rating"])
-    except ValueError:
-        return Poison(eid, shown, "rating is not a number")
-    if not math.isfinite(rating):
-        return Poison(eid, shown, "rating is not finite")
-    return Entry(eid, f["user"], f["item"], rating)
 
 
 class Follower:

@@ -8,8 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJson
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
-MAX_ID_LENGTH = 256
-"""The longest external id (user or item) a request may carry, in characters."""
+from model.stream import MAX_ID_LENGTH
+
+__all__ = ["MAX_ID_LENGTH"]  # the longest external id a request may carry (model/stream.py)
+
 ID_TYPE_MESSAGE = "Input should be a valid string or integer id (not a boolean, float or null)"
 """The 422 message (type `id_type`) of an id that is neither a string nor an integer."""
 

@@ -27,9 +27,10 @@ from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState, SnapshotError
 from model.ratings import Ratings
 from model.scorers import check_inference
+from model.stream import Entry, Poison, off_levels, stream_order
 from model.types import Array
 from service.metrics import Metrics
-from service.online import Durability, Entry, Follower, Poison, RatingLog, stream_order
+from service.online import Durability, Follower, RatingLog
 from service.settings import Settings, inference_overrides
 from service.snapshot import SnapshotStore, Untrusted, fingerprint
 
@@ -515,17 +516,7 @@ class Scorer:
 
     def _check(self, entries: list[Entry]) -> list[Poison]:
         """The entries this model cannot fold in: a rating that is not one of its levels."""
-        ratings = np.fromiter(
-            (self.levels[0] if e.rating is None else e.rating for e in entries),  # a retraction: no level
-            dtype=np.float64,
-            count=len(entries),
-        )
-        on_level = np.isclose(ratings[:, None], self.levels[None, :], rtol=0, atol=1e-9).any(axis=1)
-        return [
-            Poison(e.id, e.fields(), "rating off the levels")
-            for e, ok in zip(entries, on_level.tolist(), strict=True)
-            if not ok
-        ]
+        return off_levels(entries, self.levels)
 
     def _apply(self, entries: list[Entry]) -> None:
         """Fold stream entries into the model (the follower calls it, in stream order)."""

@@ -1,8 +1,9 @@
 """Training on the ratings that arrived online: `dcmc train --online-ratings redis://...`.
 
-The service appends every acknowledged rating to the Redis stream `<prefix>:ratings` (service/online.py:
-fields user, item, rating). Here the whole stream up to now is read, a re-rating replacing the earlier one
-(as the service folds them), and added to the dataset's training ratings:
+The service appends every acknowledged rating to the Redis stream `<prefix>:ratings` (entries in the
+format of model/stream.py, read here by the same parser: an entry the service skips is skipped here).
+Here the whole stream up to now is read, a re-rating replacing the earlier one (as the service folds
+them), and added to the dataset's training ratings:
 
 - a new user or item gets the next index (its id appended to the dataset's, in order of first rating);
 - a rating of a pair the dataset already rates in its training part replaces that rating;
@@ -23,12 +24,13 @@ the ratings after that id, from a stream of that identity (another stream of the
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from model.stream import identity_key, redact_url, stream_key
+from model.stream import FORGET, Entry, identity_key, off_levels, parse_entry, redact_url, stream_key, text
 from training.data import DataError, Entries, RatingSplit
 
 log = logging.getLogger(__name__)
@@ -55,11 +57,17 @@ class OnlineRatings:
     """(user, item) pairs whose last stream entry is a retraction."""
     forgotten: tuple[str, ...] = ()
     """Users forgotten (their ratings before it are gone; `users` holds only their later ones)."""
+    skipped: int = 0
+    """Entries skipped as poison (as the service skips them)."""
 
 
-def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0) -> OnlineRatings:
+def read_online_ratings(
+    url: str, prefix: str = "dcmc", timeout_s: float = 10.0, levels: Sequence[float] | None = None
+) -> OnlineRatings:
     """Every rating of the stream `<prefix>:ratings` at `url`, a re-rating replacing the earlier one;
-    DataError when Redis cannot be read."""
+    DataError when Redis cannot be read. An entry the service would not apply (`model.stream.parse_entry`
+    says it is poison, or its rating is not one of `levels`) is skipped and counted, as the service skips
+    it."""
     import redis
 
     key = stream_key(prefix)
@@ -67,37 +75,42 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
     latest: dict[tuple[str, str], float] = {}
     retracted: dict[tuple[str, str], None] = {}
     forgotten: dict[str, None] = {}
-    last, count = "0", 0
+    last, count, skipped = "0", 0, 0
     try:
         raw: Any = client.get(identity_key(key))
-        identity = _text(raw) if raw is not None else None
+        identity = text(raw) if raw is not None else None
         while True:
             start = f"({last}" if last != "0" else "-"
             page: Any = client.xrange(key, min=start, count=PAGE)
             if not page:
                 break
-            for _, fields in page:
-                f = {_text(k): _text(v) for k, v in fields.items()}
-                if "forget" in f and "user" in f:  # every earlier rating of the user is gone
-                    gone = f["user"]
+            parsed = [parse_entry(i, f) for i, f in page]
+            entries = [e for e in parsed if isinstance(e, Entry)]
+            refused = {p.id for p in off_levels(entries, levels)} if levels is not None else set()
+            skipped += len(parsed) - len(entries) + len(refused)
+            for entry in entries:
+                if entry.id in refused:
+                    continue
+                if entry.item == FORGET and entry.rating is None:  # every earlier rating of the user is gone
+                    gone = entry.user
                     latest = {p: v for p, v in latest.items() if p[0] != gone}
                     retracted = {p: None for p in retracted if p[0] != gone}
                     forgotten[gone] = None
                     continue
-                if "user" not in f or "item" not in f or not ("rating" in f or "retract" in f):
-                    continue  # an entry the service skips too (dead-lettered there)
-                pair = (f["user"], f["item"])
+                pair = (entry.user, entry.item)
                 latest.pop(pair, None)  # a re-rating moves to the end: the order of last ratings
-                if "rating" in f:
-                    latest[pair] = float(f["rating"])
+                if entry.rating is not None:
+                    latest[pair] = entry.rating
                     retracted.pop(pair, None)
                 else:  # a retraction
                     retracted[pair] = None
-            last, count = _text(page[-1][0]), count + len(page)
+            last, count = text(page[-1][0]), count + len(page)
     except redis.RedisError as exc:
         raise DataError(f"cannot read the online ratings from {redact_url(url)} ({key}): {exc}") from None
     finally:
         client.close()
+    if skipped:
+        log.warning("skipped %d stream entries that the service does not apply either (poison)", skipped)
     pairs = list(latest)
     return OnlineRatings(
         users=[u for u, _ in pairs],
@@ -109,11 +122,8 @@ def read_online_ratings(url: str, prefix: str = "dcmc", timeout_s: float = 10.0)
         identity=identity,
         retracted=tuple(retracted),
         forgotten=tuple(forgotten),
+        skipped=skipped,
     )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, dict[str, Any]]:
@@ -171,6 +181,7 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
         "stream_identity": online.identity,
         "last_id": online.last_id,
         "stream_entries": online.entries,
+        "skipped_entries": online.skipped,
         "ratings": int(kept.sum()),
         "replaced_training_ratings": int((replaced & ~taken_back).sum()),
         "retracted_training_ratings": int(taken_back.sum()),

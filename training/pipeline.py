@@ -117,7 +117,7 @@ def run_training(
     dataset_record: dict[str, Any] = {"name": dataset, "split": split, "seed": data_seed}
     if online_ratings:  # the service's rating stream: extra training ratings (training/online.py)
         data, dataset_record["online_ratings"] = with_online(
-            data, read_online_ratings(online_ratings, online_prefix)
+            data, read_online_ratings(online_ratings, online_prefix, levels=data.levels)
         )
     sized_model: dict[str, Any] = {}
     if dataset == "csv" and preset_name == "default":  # a large matrix trains another network

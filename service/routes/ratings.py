@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
-from model.online import FORGET
+from model.stream import FORGET
 from service.deps import ScorerDep, SettingsDep
 from service.errors import too_long, unknown_ids
 from service.online import stored_unknown

@@ -478,7 +478,7 @@ def test_a_retraction_takes_an_online_or_an_artifact_rating_back(artifact: Artif
 
 
 def test_forgetting_a_user_takes_every_rating_back_until_they_rate_again(artifact: Artifact) -> None:
-    from model.online import FORGET
+    from model.stream import FORGET
 
     train = artifact.train
     u0 = int(train.rows[0])
@@ -514,7 +514,7 @@ def _answers(fold: FoldIn) -> np.ndarray:
 def _history(artifact: Artifact) -> tuple[list[tuple[str, str, float | None]], ...]:
     """Two batches of everything a stream holds: new users and items, re-ratings, a retraction, a
     forgotten user, then more of the same users and items."""
-    from model.online import FORGET
+    from model.stream import FORGET
 
     user, item = artifact.users.external, artifact.items.external
     first = [

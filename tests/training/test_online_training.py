@@ -93,18 +93,22 @@ def test_the_stream_is_read_whole_with_re_ratings_replacing(redis_server: RedisS
     client.xadd("p:ratings", {"user": "u4", "item": "i2", "retract": "1"})
     client.xadd("p:ratings", {"user": "u4", "item": "i2", "rating": "1.0"})  # and rated again
     client.xadd("p:ratings", {"user": "u5", "item": "i2"})  # poison (the service skips it): skipped
+    client.xadd("p:ratings", {"user": "u5", "item": "i3", "rating": "nan"})  # so is each of these
+    client.xadd("p:ratings", {"user": "u5", "item": "i4", "rating": "4.5"})  # off the levels
+    client.xadd("p:ratings", {"user": "u" * 257, "item": "i4", "rating": "4.0"})
     client.xadd("p:ratings", {"user": "u6", "item": "i2", "rating": "2.0"})
     client.xadd("p:ratings", {"user": "u6", "forget": "1"})  # u6 forgotten: its rating before it goes
     for user, item, rating in [("u1", "i1", 4), ("u2", "i1", 3), ("u1", "i1", 2)]:
         last = client.xadd("p:ratings", {"user": user, "item": item, "rating": repr(float(rating))})
-    online = read_online_ratings(redis_server.url, "p")
+    online = read_online_ratings(redis_server.url, "p", levels=[1.0, 2.0, 3.0, 4.0, 5.0])
     assert list(zip(online.users, online.items, online.values.tolist(), strict=True)) == [
         ("u4", "i2", 1.0),
         ("u2", "i1", 3.0),
         ("u1", "i1", 2.0),
     ]
     assert online.retracted == (("u3", "i1"),) and online.forgotten == ("u6",)
-    assert online.last_id == last.decode() and online.entries == 10 and online.identity is None
+    assert online.last_id == last.decode() and online.entries == 13 and online.identity is None
+    assert online.skipped == 4  # as the service: the same parser (model.stream.parse_entry), the same levels
     client.set("p:ratings:identity", "abc")  # what a service sets when it first follows the stream
     assert read_online_ratings(redis_server.url, "p").identity == "abc"
     empty = read_online_ratings(redis_server.url, "nothing")
