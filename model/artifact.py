@@ -59,6 +59,9 @@ MANIFEST = "manifest.json"
 KNOWN_FIELD = "known_field.npz"
 FIELD_KEY = "known_field.json"
 HELD_OUT = "held_out_ratings.npz"
+BASELINE = "baseline.npz"
+"""The bias baseline's fit to the known ratings with the fold-in's penalties (`save_baseline`): what a
+service worker would otherwise refit at every start-up (37 s of a 40 s start-up on the synthetic ml-10m)."""
 TABLE_PARTS = (("indptr", np.int64), ("indices", np.int32), ("data", np.float32))
 """The CSR arrays of a stored co-rating table and their dtypes on disk."""
 
@@ -269,6 +272,8 @@ class Artifact:
     item_embeddings: np.ndarray
     bilinear: np.ndarray
     known_field: StoredField | None = None
+    baseline: StoredBiases | None = None
+    """The bias baseline's fit to the known ratings (`BASELINE`), where the artifact holds one."""
     _known: Ratings | None = field(default=None, init=False, repr=False)
 
     @property
@@ -342,6 +347,27 @@ def save_known_field(
         for (part, dtype), array in zip(TABLE_PARTS, csr, strict=True):
             np.save(directory / table_file(what, part), np.asarray(array, dtype=dtype))
     (directory / FIELD_KEY).write_text(json.dumps(key, indent=2) + "\n")
+
+
+def save_baseline(directory: Path, biases: StoredBiases) -> None:
+    """Write the bias baseline's fit to the known ratings (plain arrays) as `BASELINE`."""
+    np.savez(
+        directory / BASELINE,
+        shrink=np.array([biases.user_shrink, biases.item_shrink]),
+        mu=np.array([biases.mu]),
+        users=np.asarray(biases.users, dtype=np.float64),
+        items=np.asarray(biases.items, dtype=np.float64),
+    )
+
+
+def _load_baseline(files: ArtifactFiles, config: ModelConfig) -> StoredBiases | None:
+    if BASELINE not in files:
+        return None
+    with np.load(files.path(BASELINE), allow_pickle=False) as z:
+        (user_shrink, item_shrink), mu, users, items = z["shrink"], z["mu"], z["users"], z["items"]
+    if users.shape != (config.n_users,) or items.shape != (config.n_items,):
+        raise ValueError(f"{BASELINE}: biases of {users.shape} users and {items.shape} items")
+    return StoredBiases(float(user_shrink), float(item_shrink), float(mu[0]), users, items)
 
 
 def _load_known_field(files: ArtifactFiles, config: ModelConfig, n_known: int) -> StoredField | None:
@@ -427,6 +453,7 @@ def load_artifact(directory: str | Path) -> Artifact:
         field = None
         if KNOWN_FIELD in files:
             field = _load_known_field(files, model_config, len(train) + len(held_out))
+        baseline = _load_baseline(files, model_config)
     except OSError as exc:  # a file gone since it was verified: the directory is being replaced
         raise ArtifactUnavailable(
             f"{directory}: cannot read artifact: {exc}", "a file went missing"
@@ -463,6 +490,7 @@ def load_artifact(directory: str | Path) -> Artifact:
         item_embeddings=item_emb,
         bilinear=bilinear,
         known_field=field,
+        baseline=baseline,
     )
 
 

@@ -12,11 +12,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.artifact import HELD_OUT, artifact_writer
+from model.artifact import HELD_OUT, StoredBiases, artifact_writer, save_baseline
 from model.config import InferenceConfig, ModelConfig
 from model.engine import Network, OnnxNetwork
-from model.exact import ExactScorer
+from model.exact import ExactScorer, bias_baseline
 from model.network import DCMC
+from model.online import ITEM_SHRINK, USER_SHRINK
 from model.ratings import Ratings
 from model.scorers import build_scorer
 from training.data import Entries
@@ -120,6 +121,16 @@ def write_known_field(
         scorer.save(directory)
 
 
+def write_baseline(directory: Path, cfg: ModelConfig, known: Entries) -> None:
+    """The bias baseline's fit to the known ratings with the fold-in's penalties (`model.online`), which
+    every service worker would otherwise fit at start-up (`model.artifact.BASELINE`)."""
+    rows, cols, values = known.rows.astype(np.int64), known.cols.astype(np.int64), known.values
+    mu, users, items = bias_baseline(
+        rows, cols, np.asarray(values, np.float64), cfg.n_users, cfg.n_items, USER_SHRINK, ITEM_SHRINK
+    )
+    save_baseline(directory, StoredBiases(USER_SHRINK, ITEM_SHRINK, mu, users, items))
+
+
 def write_artifact(
     out: Path,
     model: DCMC,
@@ -177,6 +188,7 @@ def write_artifact(
         np.save(tmp / "bilinear.npy", bilinear)
         if known_field:
             write_known_field(tmp, cfg, user_emb, item_emb, bilinear, known, inference)
+        write_baseline(tmp, cfg, known)
         export_onnx(model, tmp)
         metrics = {**metrics, "onnx_parity_max_abs_diff": check_parity(model, matrix, tmp)}
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

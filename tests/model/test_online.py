@@ -614,3 +614,23 @@ def test_a_snapshot_that_does_not_fit_is_refused_and_changes_nothing(artifact: A
         assert fresh.state is before and fresh.n_users == artifact.config.n_users
     with pytest.raises(SnapshotError, match="applied nothing"):
         taken.restore(payload)
+
+
+def test_the_fold_in_baseline_is_the_one_fitted_at_export(artifact: Artifact) -> None:
+    from model.exact import bias_baseline
+    from model.online import ITEM_SHRINK, USER_SHRINK
+
+    # Written by the trainer (model.artifact.BASELINE), so a worker's start-up does not refit it.
+    assert artifact.baseline is not None
+    assert (artifact.baseline.user_shrink, artifact.baseline.item_shrink) == (USER_SHRINK, ITEM_SHRINK)
+    known = artifact.known()
+    mu, b, c = bias_baseline(
+        known.rows, known.cols, known.values, known.n_users, known.n_items, USER_SHRINK, ITEM_SHRINK
+    )
+    stored, _ = _fold(artifact, EXACT)
+    refitted, _ = _fold(dataclasses.replace(artifact, baseline=None), EXACT)  # an artifact without one
+    for fold in (stored, refitted):
+        got_mu, got_b, got_c = fold.state.biases
+        assert got_mu == mu
+        np.testing.assert_array_equal(got_b, b)
+        np.testing.assert_array_equal(got_c, c)
