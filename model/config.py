@@ -256,9 +256,14 @@ class InferenceConfig(_Group):
     def with_overrides(self, overrides: Mapping[str, Any]) -> InferenceConfig:
         """A copy with `overrides` applied: dotted names (`crf.gamma`, `mode`) to values, strings converted
         by the declared type (`none` = None where a setting allows it). An unknown name, a bad value or a
-        setting that the resulting mode does not read is a ConfigError that says which."""
+        setting that the resulting mode does not read is a ConfigError that says which.
+
+        A mode's CRF weights are its own: switching `mode` resets `crf` to the model's values (what a search
+        chose for one mode is not the other's best), unless `crf.*` is set too."""
         valid = setting_names()
         merged = self.to_dict()
+        if "mode" in overrides and overrides["mode"] != self.mode:
+            merged["crf"] = CrfSettings().model_dump()
         for name, value in overrides.items():
             if name not in valid:
                 raise ConfigError(f"unknown inference setting {name!r}; valid: {', '.join(valid)}")

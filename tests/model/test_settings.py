@@ -207,6 +207,15 @@ def test_a_setting_is_read_once_its_mode_is_set() -> None:
     assert exact.with_overrides({"mode": "paper"}).kernel.co_rating == 1.0
 
 
+def test_switching_the_mode_does_not_carry_the_crf_weights_over() -> None:
+    searched = InferenceConfig().with_overrides({"mode": "exact", "crf.gamma": 4.0, "crf.tau": 20.25})
+    paper = searched.with_overrides({"mode": "paper"})
+    assert (paper.crf.gamma, paper.crf.tau, paper.crf.layers) == (None, None, None)  # the model's
+    assert searched.with_overrides({"mode": "exact"}).crf.gamma == 4.0  # the same mode keeps them
+    assert searched.with_overrides({"mode": "paper", "crf.gamma": 2.0}).crf.gamma == 2.0  # set with it
+    assert searched.with_overrides({"crf.layers": 3}).crf.tau == 20.25
+
+
 def test_overrides_convert_strings_by_the_declared_type() -> None:
     base = InferenceConfig().with_overrides({"crf.gamma": 2.0})
     for none in ("none", "None", "null"):
