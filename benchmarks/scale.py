@@ -377,6 +377,13 @@ def cmd_curve(args: argparse.Namespace) -> None:
 
 
 NOTES = """\
+- ml-10m-synth-1epoch-ml10m-art and ml-10m-synth-1epoch-ml10m-art2 (Serving artifacts trained elsewhere):
+  two artifacts of the synthetic ml-10m matrix, each `dcmc data synth --shape ml-10m` then `dcmc train
+  --dataset csv --data-dir .../ratings.csv --split random --epochs 1 --no-tune` (start-up does not depend
+  on the network's quality; no test split scored), the first written before `abfa816` (no `baseline.npz`:
+  each worker fits the bias baseline at start-up), the second after it; both served at `88a3cc5`, one after
+  the other, nothing else running: start-up with 2 workers 50.7 s and 5.0 s. In process (one worker, one
+  BLAS thread) the fit was 37.1 of the first one's 40.2 s.
 - "+ uncommitted changes" on the records of `3112ff7`: the checkout that ran them was clean at that commit
   but for this results file, which the label then counted (it now looks at the code paths only).
   `d52dee0 + uncommitted changes` (the ml-10m epoch): the uncommitted code was the exact inference's, which
@@ -601,6 +608,26 @@ def cmd_report(args: argparse.Namespace) -> None:
             )
         lines += ["", "Commands:", ""] + [f"- {n}: `{t['command']}`" for n, t in trains.items()]
         lines += [""] + [f"- {n}: search {t.get('tuning')}" for n, t in trains.items()]
+    alone = [r for r in records if r["phase"] == "serve" and r["name"] not in trains]
+    if alone:
+        lines += [
+            "",
+            "## Serving artifacts trained elsewhere",
+            "",
+            "`scale.py serve` of artifacts without a `train` record here (the notes say how each was made).",
+            "",
+            "| name | workers | start-up | RSS / PSS, largest worker | /predict 100 p50 / p99 "
+            "| /recommend p50 / p99 | commit |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for s in alone:
+            rest = max((w for w in s["workers_at_rest"]), key=lambda w: w["rss_mb"])
+            lines.append(
+                f"| {s['name']} | {s['workers']} | {s['startup_seconds']} s "
+                f"| {rest['rss_mb']:.0f} / {rest['pss_mb']:.0f} MB at rest "
+                f"| {s['predict100']['p50_ms']} / {s['predict100']['p99_ms']} ms "
+                f"| {s['recommend']['p50_ms']} / {s['recommend']['p99_ms']} ms | `{s['commit']}` |"
+            )
     curve = [r for r in records if r["phase"] == "curve"]
     if curve:
         lines += [
