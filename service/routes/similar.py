@@ -1,0 +1,81 @@
+"""GET /similar-users/{id} and GET /similar-items/{id}: the nearest users (items) by the learned
+similarity of their embeddings, the scaled cosine s_r (s_c) of the paper's entry similarity."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from model.ids import UnknownIdError
+from service.deps import ScorerDep, SettingsDep
+from service.errors import check_k, unknown_ids
+from service.schemas import (
+    MAX_ID_LENGTH,
+    SimilarItem,
+    SimilarItemsResponse,
+    SimilarUser,
+    SimilarUsersResponse,
+)
+
+router = APIRouter()
+
+K = Annotated[int, Query(description="How many to return (1..DCMC_MAX_K)")]
+
+
+@router.get(
+    "/similar-users/{user_id}",
+    tags=["users"],
+    response_model=SimilarUsersResponse,
+    responses={404: {"description": "Unknown user id"}, 422: {"description": "k out of range"}},
+)
+def similar_users(
+    user_id: Annotated[str, Path(max_length=MAX_ID_LENGTH, description="External user id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    k: K = 10,
+) -> SimilarUsersResponse:
+    """The k other users with the highest scaled cosine s_r of their embeddings, most similar first."""
+    check_k(k, settings)
+    try:
+        index = scorer.user_index(user_id)  # the artifact's users and those that arrived online
+    except UnknownIdError as exc:
+        raise unknown_ids(exc) from None
+    found, scores = scorer.similar_users(index, k)
+    return SimilarUsersResponse(
+        user=user_id,
+        model_version=scorer.version,
+        similar=[
+            SimilarUser(user=scorer.user_id(int(i)), score=float(s))
+            for i, s in zip(found, scores, strict=True)
+        ],
+    )
+
+
+@router.get(
+    "/similar-items/{item_id}",
+    tags=["items"],
+    response_model=SimilarItemsResponse,
+    responses={404: {"description": "Unknown item id"}, 422: {"description": "k out of range"}},
+)
+def similar_items(
+    item_id: Annotated[str, Path(max_length=MAX_ID_LENGTH, description="External item id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    k: K = 10,
+) -> SimilarItemsResponse:
+    """The k other items with the highest scaled cosine s_c of their embeddings, most similar first."""
+    check_k(k, settings)
+    try:
+        index = int(scorer.item_indices([item_id])[0])  # the artifact's items and those that arrived online
+    except UnknownIdError as exc:
+        raise unknown_ids(exc) from None
+    found, scores = scorer.similar_items(index, k)
+    return SimilarItemsResponse(
+        item=item_id,
+        model_version=scorer.version,
+        similar=[
+            SimilarItem(item=scorer.item_id(int(i)), score=float(s))
+            for i, s in zip(found, scores, strict=True)
+        ],
+    )
