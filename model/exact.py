@@ -1967,6 +1967,13 @@ class ExactScorer:
             self.lines,
         )
 
+    blocking = False
+
+    @property
+    def baseline_weight(self) -> float:
+        """Weight of the bias baseline in `predict` (output.baseline)."""
+        return float(self.output.baseline)
+
     def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
         """Final distributions of the queried entries (rows[k], cols[k]), attached to the known field and
         mixed with the bias baseline when output.baseline > 0: (K, p). `query_probs`: the base network's

@@ -115,6 +115,23 @@ class PaperScorer:
         self.known_probs = network.probabilities(known.rows, known.cols)  # (N, p)
         self.parts = draw_partitions(network, known, settings)
 
+    blocking = True
+    baseline_weight = 0.0
+
+    def unmixed(
+        self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """`predict`'s distributions; no baseline."""
+        return self.predict(rows, cols, query_probs), None
+
+    def row_parts(self, user: int) -> None:
+        """None: a query's answer depends on the others asked with it (their blocks), not on parts."""
+        return None
+
+    def from_parts(self, parts: object, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
+        """Never called: `row_parts` gives none."""
+        raise TypeError("the paper mode has no row parts")
+
     def updated(
         self,
         network: Network,
@@ -130,9 +147,11 @@ class PaperScorer:
         """Nothing that the ratings do not give back: the partitions are drawn again."""
         return {}
 
-    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
         """Final distributions of the queried entries (rows[k], cols[k]): (K, p), the average over the
-        partitions of each query's block CRF."""
+        partitions of each query's block CRF; `query_probs`: the network's, computed here when not given."""
+        if query_probs is None:
+            query_probs = self.network.probabilities(rows, cols)
         parts = self.parts
         # Every block that holds a query, over all repeats: (repeat, first known, known count, queries).
         rep_l, block_l, lo_l, hi_l, qorder_l, qcount_l = [], [], [], [], [], []

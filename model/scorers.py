@@ -17,17 +17,44 @@ import numpy as np
 from model.artifact import Artifact, StoredField
 from model.config import ConfigError, InferenceConfig, ModelConfig, resolve_crf
 from model.engine import Network
-from model.exact import ExactParts, ExactScorer
+from model.exact import ExactParts, ExactScorer, RowParts
 from model.paper import PaperScorer
 from model.ratings import Ratings
 from model.types import FloatArray, IntArray
 
 
 class Scorer(Protocol):
-    """Final label distributions of queried entries, given their base-network probabilities."""
+    """Final label distributions of queried entries. Every mode's scorer answers the same calls, so a
+    caller never needs its concrete type (the way one recommender interface serves every backend)."""
 
-    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
-        """(K, p) distributions of the entries (rows[k], cols[k])."""
+    blocking: bool
+    """Whether a query costs tens of milliseconds of numpy (`paper`'s block CRFs): a server runs it off
+    its event loop."""
+
+    @property
+    def baseline_weight(self) -> float:
+        """Weight w of the bias baseline mixed into `predict`'s distributions (0: none)."""
+        ...
+
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
+        """(K, p) distributions of the entries (rows[k], cols[k]); `query_probs`: the base network's
+        distributions of them, computed here when not given."""
+        ...
+
+    def unmixed(
+        self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """What `predict` mixes: the CRF's distributions and the bias baseline's ratings (K,), None without
+        one; `predict` = (1 - w) dist + w level_distribution(baseline) (`baseline_weight` w)."""
+        ...
+
+    def row_parts(self, user: int) -> RowParts | None:
+        """The part of the user's answers that other users' ratings leave as it is, to answer from with
+        `from_parts` in later states; None where the mode has no such part."""
+        ...
+
+    def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
+        """`unmixed` of (parts.user, cols[k]) from `row_parts` (only called with parts this mode made)."""
         ...
 
     def updated(
@@ -51,9 +78,29 @@ class Scorer(Protocol):
 class NetworkScorer:
     """The base network alone: the query's own probabilities."""
 
-    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray) -> FloatArray:
+    blocking = False
+    baseline_weight = 0.0
+
+    def __init__(self, network: Network) -> None:
+        self.network = network
+
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
         """The base network's distributions, unchanged."""
-        return query_probs
+        return self.network.probabilities(rows, cols) if query_probs is None else query_probs
+
+    def unmixed(
+        self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """The network's distributions; no baseline."""
+        return self.predict(rows, cols, query_probs), None
+
+    def row_parts(self, user: int) -> RowParts | None:
+        """None: the network's answers need no parts."""
+        return None
+
+    def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
+        """Never called: `row_parts` gives none."""
+        raise TypeError("the network alone has no row parts")
 
     def updated(
         self,
@@ -63,8 +110,8 @@ class NetworkScorer:
         items: IntArray | None = None,
         tables: Mapping[str, np.ndarray] | None = None,
     ) -> NetworkScorer:
-        """Nothing to update: the new embeddings are the network's."""
-        return self
+        """The new network (its embeddings are the online ones)."""
+        return NetworkScorer(network)
 
     def online_tables(self) -> dict[str, np.ndarray]:
         """Nothing built online."""
@@ -83,7 +130,7 @@ def build_scorer(
     this network and these known ratings share (a search over the settings)."""
     crf = resolve_crf(network.config, inference.crf)
     if inference.mode == "none" or crf.layers == 0:
-        return NetworkScorer()
+        return NetworkScorer(network)
     if inference.mode == "paper":
         return PaperScorer(network, known, crf, inference.paper, network.config.message_scaling)
     p = inference.paper

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.stream import stream_order
 from service.errors import invalid
-from service.scoring import Scorer
+from service.scoring import ServedModel
 
 POLL_S = 0.002
 """How often a waiting read looks at how far its worker has applied the stream."""
@@ -32,13 +32,13 @@ After = Annotated[
 ]
 
 
-def applied(scorer: Scorer, after: str) -> bool:
+def applied(scorer: ServedModel, after: str) -> bool:
     """Whether the worker's model includes the stream entry `after` (and all before it)."""
     follower = scorer.follower
     return follower is not None and stream_order(follower.last) >= stream_order(after)
 
 
-async def wait_applied(scorer: Scorer, after: str | None, timeout_s: float) -> None:
+async def wait_applied(scorer: ServedModel, after: str | None, timeout_s: float) -> None:
     """Return once `after` is applied here (at once without one); 503 past `timeout_s`; 422 when this
     service takes no online ratings, or the stream never had that entry (an id not returned by a write)."""
     if after is None:

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from service.metrics import Metrics
-from service.scoring import Scorer
+from service.scoring import ServedModel
 from service.settings import Settings
 
 
@@ -18,7 +18,7 @@ async def _settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def scorer_of(request: Request) -> Scorer:
+def scorer_of(request: Request) -> ServedModel:
     """The app's scorer, or a 503 while it loads. Hot routes call it directly: a FastAPI dependency costs
     a resolution per request."""
     scorer = getattr(request.app.state, "scorer", None)
@@ -27,7 +27,7 @@ def scorer_of(request: Request) -> Scorer:
     return scorer  # type: ignore[no-any-return]
 
 
-async def _scorer(request: Request) -> Scorer:
+async def _scorer(request: Request) -> ServedModel:
     return scorer_of(request)
 
 
@@ -36,5 +36,5 @@ async def _metrics(request: Request) -> Metrics:
 
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
-ScorerDep = Annotated[Scorer, Depends(_scorer)]
+ScorerDep = Annotated[ServedModel, Depends(_scorer)]
 MetricsDep = Annotated[Metrics, Depends(_metrics)]

@@ -101,7 +101,7 @@ class FastPath:
         if scorer is not None and _json(scope):
             if scope["path"] == "/ratings":
                 answered = await self._ratings(scope, raw)
-            elif scorer.inference.mode != "paper":
+            elif not scorer.blocking:  # a blocking mode's /predict goes the threadpool's way
                 try:
                     ids = StringIds.model_validate_json(raw)
                     payload = answer(scorer, self.state.settings, ids.user, ids.items, ids.distribution)

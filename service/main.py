@@ -21,18 +21,18 @@ from service.fastpath import FastPath
 from service.metrics import Metrics, MetricsMiddleware
 from service.reload import Reloader
 from service.routes import ops, predict, ratings, recommend, similar
-from service.scoring import Scorer, tune_allocator
+from service.scoring import ServedModel, tune_allocator
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 
-def _load(settings: Settings, metrics: Metrics, path: Path | None = None) -> Scorer:
+def _load(settings: Settings, metrics: Metrics, path: Path | None = None) -> ServedModel:
     """Verify and load the artifact (at `path`, default the served one, its link resolved once so that
     every file comes from one directory), precompute, replay the online ratings and follow them (runs in
     a thread)."""
     artifact = load_artifact(path or os.path.realpath(settings.artifacts))  # ArtifactError stops start-up
-    scorer = Scorer(artifact, settings, metrics)
+    scorer = ServedModel(artifact, settings, metrics)
     scorer.start()
     return scorer
 

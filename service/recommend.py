@@ -13,7 +13,7 @@ import numpy as np
 from model.ids import UnknownIdError
 from model.online import OnlineState
 from model.ratings import Ratings
-from service.scoring import Scorer, top_k
+from service.scoring import ServedModel, top_k
 
 POPULAR_SHRINKAGE = 10.0
 """s of the popularity fallback's shrunk mean rating (sum_j + s * mu) / (n_j + s): an item needs about s
@@ -42,7 +42,7 @@ def shrunk_means(known: Ratings, n_items: int, shrinkage: float = POPULAR_SHRINK
     return (sums + shrinkage * mu) / (counts + shrinkage)
 
 
-def popular_scores(scorer: Scorer, state: OnlineState | None = None) -> np.ndarray:
+def popular_scores(scorer: ServedModel, state: OnlineState | None = None) -> np.ndarray:
     """`shrunk_means` of the known ratings of `state` (default: now; the artifact's and the online ones;
     an item first rated online counts once it has an embedding), computed once per state (read-only)."""
     global _popular
@@ -73,7 +73,7 @@ def candidate_mask(
 
 
 def recommend(
-    scorer: Scorer, user_id: str, k: int, allow: np.ndarray | None, exclude: np.ndarray | None
+    scorer: ServedModel, user_id: str, k: int, allow: np.ndarray | None, exclude: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
     user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback)."""

@@ -35,7 +35,7 @@ import numpy as np
 
 from model.artifact import MANIFEST, ArtifactError, ArtifactUnavailable
 from model.config import ConfigError
-from service.scoring import Scorer
+from service.scoring import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,9 @@ def manifest_version(directory: Path) -> str | None:
 
 class Reloader:
     """Polls the served artifact path and swaps in a new model (module docstring). `load(path)` builds
-    and starts a Scorer (replayed, following the stream); `state` is the app's state."""
+    and starts a ServedModel (replayed, following the stream); `state` is the app's state."""
 
-    def __init__(self, state: Any, path: Path, poll_s: float, load: Callable[[Path], Scorer]) -> None:
+    def __init__(self, state: Any, path: Path, poll_s: float, load: Callable[[Path], ServedModel]) -> None:
         self.state, self.path, self.poll_s, self.load = state, Path(path), poll_s, load
         self.refused: set[str] = set()
         self._unavailable: set[str] = set()  # versions whose files could not be verified (logged once)
@@ -89,7 +89,7 @@ class Reloader:
         """Reload when the artifact behind the path has a new model version; True when a new model now
         serves."""
         with self._lock:
-            current: Scorer | None = getattr(self.state, "scorer", None)
+            current: ServedModel | None = getattr(self.state, "scorer", None)
             resolved = Path(os.path.realpath(self.path))  # once: every file is read from this directory
             version = manifest_version(resolved)
             if version is None or current is None or version == current.version or version in self.refused:
@@ -142,7 +142,7 @@ class Reloader:
                 self.loading = None
 
 
-def _warm(scorer: Scorer) -> None:
+def _warm(scorer: ServedModel) -> None:
     """One prediction through the new model (first calls into ONNX Runtime and numpy are slower)."""
     if scorer.n_items > 0 and scorer.fold.n_users > 0:
         scorer.predict(0, np.arange(min(10, scorer.n_items), dtype=np.int64))

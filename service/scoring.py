@@ -22,7 +22,7 @@ import redis
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
-from model.exact import ExactScorer, RowParts, baseline_mixture, level_distribution
+from model.exact import RowParts, baseline_mixture, level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState, SnapshotError
 from model.ratings import Ratings
@@ -267,7 +267,7 @@ class NotDurable(Exception):
     """A write refused because DCMC_REQUIRE_DURABLE is set and Redis would not keep it through a crash."""
 
 
-class Scorer:
+class ServedModel:
     """Answers rating and similarity queries for one artifact, and takes ratings online."""
 
     def __init__(self, artifact: Artifact, settings: Settings, metrics: Metrics) -> None:
@@ -628,7 +628,7 @@ class Scorer:
         """`_predict` from the user's `RowParts` (`UserParts`: computed and kept on a miss), or None where
         the scorer has none (not `exact` with clamped known entries, or the cache off)."""
         scorer = state.scorer
-        if self.parts.max_bytes <= 0 or not isinstance(scorer, ExactScorer):
+        if self.parts.max_bytes <= 0:
             return None
         parts = self.parts.get(state, user)
         if parts is None:
@@ -643,11 +643,17 @@ class Scorer:
         with self._engine_lock:
             dist, baseline = scorer.from_parts(parts, items)
         if baseline is not None:
-            dist = baseline_mixture(dist, baseline, self.levels, scorer.output.baseline)
+            dist = baseline_mixture(dist, baseline, self.levels, scorer.baseline_weight)
         fallback = ~state.embedded[items]
         self._fall_back(state, user, items, fallback, dist)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist, fallback
+
+    @property
+    def blocking(self) -> bool:
+        """Whether a query costs tens of milliseconds (the mode's scorer says): routes run it off the
+        event loop."""
+        return self.fold.state.scorer.blocking
 
     def row(self, user: int, state: OnlineState | None = None) -> np.ndarray:
         """The user's expected ratings over every item of `state` (default: now; cached: `UserRows`);
@@ -665,21 +671,18 @@ class Scorer:
         items = np.arange(state.known.n_items, dtype=np.int64)
         fallback = ~state.embedded[items]
         scorer = state.scorer
-        baseline, weight = None, 0.0
-        if isinstance(scorer, ExactScorer):
-            # Unmixed: the expected rating of (1 - w) Q + w B is (1 - w) E[Q] + w clip(b), B's expectation,
-            # so the row needs no mixed (items, p) array; reads of its distributions mix theirs.
-            with self._engine_lock:
-                dist, baseline = scorer.unmixed(np.full(len(items), user, dtype=np.int64), items)
-            ratings = expected_rating(dist, self.levels)
-            if baseline is not None:
-                weight = float(scorer.output.baseline)
-                ratings *= 1.0 - weight
-                ratings += weight * np.clip(baseline, self.levels[0], self.levels[-1])
-            self._fall_back(state, user, items, fallback, dist, ratings)
-            np.clip(ratings, self.levels[0], self.levels[-1], out=ratings)
-        else:
-            ratings, dist, fallback = self._predict(state, user, items)
+        weight = 0.0
+        # Unmixed: the expected rating of (1 - w) Q + w B is (1 - w) E[Q] + w clip(b), B's expectation,
+        # so the row needs no mixed (items, p) array; reads of its distributions mix theirs.
+        with self._engine_lock:
+            dist, baseline = scorer.unmixed(np.full(len(items), user, dtype=np.int64), items)
+        ratings = expected_rating(dist, self.levels)
+        if baseline is not None:
+            weight = scorer.baseline_weight
+            ratings *= 1.0 - weight
+            ratings += weight * np.clip(baseline, self.levels[0], self.levels[-1])
+        self._fall_back(state, user, items, fallback, dist, ratings)
+        np.clip(ratings, self.levels[0], self.levels[-1], out=ratings)
         for a in (ratings, dist, fallback, baseline):
             if a is not None:
                 a.flags.writeable = False
@@ -709,16 +712,11 @@ class Scorer:
         fallback = ~state.embedded[items]
         k = len(items)
         rows = np.full(k, user, dtype=np.int64)
-        scorer = state.scorer
         # One mean-field run at a time per worker: the batches are large numpy arrays, and threads running
-        # them side by side thrash memory without adding throughput (workers use the cores).
-        if isinstance(scorer, ExactScorer):  # it reads the network's probabilities with its messages
-            with self._engine_lock:
-                dist = scorer.predict(rows, items)
-        else:
-            probs = state.network.probabilities(rows, items)
-            with self._engine_lock:
-                dist = scorer.predict(rows, items, probs)
+        # them side by side thrash memory without adding throughput (workers use the cores). Each scorer
+        # reads the network's probabilities itself (`exact` with its messages).
+        with self._engine_lock:
+            dist = state.scorer.predict(rows, items)
         self._fall_back(state, user, items, fallback, dist)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist, fallback

@@ -203,12 +203,12 @@ for info in pkgutil.walk_packages(service.__path__, prefix="service."):
 import numpy as np
 from model.artifact import load_artifact
 from service.metrics import Metrics
-from service.scoring import Scorer
+from service.scoring import ServedModel
 from service.settings import Settings
 
 for mode in ("exact", "paper", "none"):
     settings = Settings(artifacts=sys.argv[1], inference={"mode": mode})
-    scorer = Scorer(load_artifact(sys.argv[1]), settings, Metrics())
+    scorer = ServedModel(load_artifact(sys.argv[1]), settings, Metrics())
     scorer.start()
     ratings, _, _ = scorer.predict(0, np.arange(5))
     assert np.isfinite(ratings).all()

@@ -12,7 +12,7 @@ from service.consistency import After, wait_applied
 from service.deps import scorer_of
 from service.errors import too_long, unknown_ids
 from service.schemas import PredictRequest, PredictResponse
-from service.scoring import Scorer
+from service.scoring import ServedModel
 from service.settings import Settings
 
 router = APIRouter(tags=["predictions"])
@@ -36,14 +36,14 @@ async def predict(body: PredictRequest, request: Request, after: After = None) -
     """
     scorer, settings = scorer_of(request), request.app.state.settings
     await wait_applied(scorer, after, settings.read_after_timeout_s)
-    if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
+    if scorer.blocking:  # tens of ms of numpy: keep the event loop free
         payload = await run_in_threadpool(answer, scorer, settings, body.user, body.items, body.distribution)
     else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
         payload = answer(scorer, settings, body.user, body.items, body.distribution)
     return Response(payload, media_type="application/json")
 
 
-def answer(scorer: Scorer, settings: Settings, user: str, items: list[str], distribution: bool) -> bytes:
+def answer(scorer: ServedModel, settings: Settings, user: str, items: list[str], distribution: bool) -> bytes:
     """The JSON of POST /predict's 200 for a parsed body (`PredictRequest`'s fields); HTTPException for an
     oversized request (422) or unknown ids (404, all listed). The route and its fast path
     (service/fastpath.py) both answer with it."""

@@ -20,7 +20,7 @@ from service.deps import ScorerDep, SettingsDep
 from service.errors import too_long, unknown_ids
 from service.online import stored_unknown
 from service.schemas import MAX_ID_LENGTH, ExternalId
-from service.scoring import NotDurable, Scorer
+from service.scoring import NotDurable, ServedModel
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ async def post_ratings(
 
 
 async def store(
-    scorer: Scorer, settings: Settings, ratings: Sequence[Rating], authorization: str | None
+    scorer: ServedModel, settings: Settings, ratings: Sequence[Rating], authorization: str | None
 ) -> RatingsResponse:
     """What POST /ratings does with a parsed batch: authorize, check it, store it in Redis; HTTPException
     says why not. The route and its fast path (service/fastpath.py) both answer with it."""
@@ -144,8 +144,8 @@ async def store(
     return RatingsResponse(accepted=len(batch), last_id=last, model_version=scorer.version)
 
 
-async def _write(scorer: Scorer, batch: Sequence[tuple[str, str, float | None]]) -> str:
-    """`Scorer.write` off the event loop; its failures as HTTPExceptions that say whether anything may
+async def _write(scorer: ServedModel, batch: Sequence[tuple[str, str, float | None]]) -> str:
+    """`ServedModel.write` off the event loop; its failures as HTTPExceptions that say whether anything may
     have been stored."""
     retry = {"Retry-After": str(max(1, math.ceil(scorer.retry_s)))}
     try:
@@ -177,7 +177,7 @@ async def _write(scorer: Scorer, batch: Sequence[tuple[str, str, float | None]])
     return last
 
 
-def _check_new_ids(scorer: Scorer, settings: Settings, ratings: Sequence[Rating]) -> None:
+def _check_new_ids(scorer: ServedModel, settings: Settings, ratings: Sequence[Rating]) -> None:
     """422 when the batch would take the users or items the model did not have past their limits."""
     users, items, new_users, new_items = scorer.new_ids([r.user for r in ratings], [r.item for r in ratings])
     errors = []

@@ -107,7 +107,7 @@ async def recommend_items(
         raise unknown_ids(exc) from None
     allow = scorer.item_indices(allow_ids) if allow_ids is not None else None
     excluded = scorer.item_indices(exclude_ids) if exclude_ids is not None else None
-    if scorer.inference.mode == "paper":  # tens of ms of numpy: keep the event loop free
+    if scorer.blocking:  # tens of ms of numpy: keep the event loop free
         best, scores, fallback = await run_in_threadpool(recommend, scorer, user_id, k, allow, excluded)
     else:
         best, scores, fallback = recommend(scorer, user_id, k, allow, excluded)

@@ -634,3 +634,30 @@ def test_the_fold_in_baseline_is_the_one_fitted_at_export(artifact: Artifact) ->
         assert got_mu == mu
         np.testing.assert_array_equal(got_b, b)
         np.testing.assert_array_equal(got_c, c)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "blocking", "parts"),
+    [
+        ({"mode": "none"}, False, False),
+        ({"mode": "paper"}, True, False),
+        ({**EXACT, "output.baseline": 0.3}, False, True),
+    ],
+)
+def test_every_modes_scorer_answers_the_same_calls(
+    artifact: Artifact, overrides: dict[str, object], blocking: bool, parts: bool
+) -> None:
+    from model.exact import baseline_mixture
+    from model.scorers import artifact_scorer
+
+    network, scorer = artifact_scorer(artifact, artifact.inference.with_overrides(overrides))
+    rows, cols = np.full(12, 3, dtype=np.int64), np.arange(12, dtype=np.int64)
+    given = scorer.predict(rows, cols, network.probabilities(rows, cols))
+    np.testing.assert_allclose(scorer.predict(rows, cols), given, rtol=0, atol=1e-12)  # reads them itself
+    dist, baseline = scorer.unmixed(rows, cols)
+    mixed = (
+        dist if baseline is None else baseline_mixture(dist, baseline, network.levels, scorer.baseline_weight)
+    )
+    np.testing.assert_allclose(mixed, given, rtol=0, atol=1e-12)
+    assert scorer.blocking is blocking and (scorer.row_parts(3) is not None) is parts
+    assert (baseline is not None) is (scorer.baseline_weight > 0)
