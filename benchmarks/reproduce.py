@@ -177,7 +177,7 @@ def summarise(
         "- inference `default`: the artifact's own setting, what `dcmc evaluate` and the service use (listed",
         "  below the table); `none`: base network only; `paper`: mean-field over random 32 x 64 subsets of",
         "  the known + test entries, 10 partitions averaged; `exact/<scaling>`: the paper's CRF over every",
-        "  known entry with exact linear-time messages (model/exact.py; the model's kernel, gamma, tau and",
+        "  known entry with exact linear-time messages (model/exact/; the model's kernel, gamma, tau and",
         "  T, known entries updated from the network's distributions), queries attached.",
         "  Mean ± std over the seeds listed.",
         "",

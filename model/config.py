@@ -177,7 +177,7 @@ class KernelSettings(_Group):
     """Known entries start from the base network's distributions and are updated (`predicted`), or are
     fixed to their observed labels (`clamped`)."""
     same_user: float = Field(default=0.0, ge=0, json_schema_extra=_search(1e-3, 1e9, off=True, unit="users"))
-    """Weight lambda_u of the same-user term lambda_u [i = i'] s_c(j, j') (0 = off; see model/exact.py)."""
+    """Weight lambda_u of the same-user term lambda_u [i = i'] s_c(j, j') (0 = off; see model/exact/)."""
     same_item: float = Field(default=0.0, ge=0, json_schema_extra=_search(1e-3, 1e9, off=True, unit="items"))
     """Weight lambda_i of the same-item term lambda_i [j = j'] s_r(i, i') (0 = off)."""
     co_rating: float = Field(default=0.0, ge=0, json_schema_extra=_search(1e-3, 1e9, off=True, unit="users"))

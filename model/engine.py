@@ -1,6 +1,6 @@
 """The base network in numpy: bilinear decoder, embeddings, similarities, and the ONNX branches.
 
-Torch-free: the evaluator, the service and every scorer (model/paper.py, model/exact.py) read the
+Torch-free: the evaluator, the service and every scorer (model/paper.py, model/exact/) read the
 network through `Network`. Shapes: n users, m items, d embedding size, p rating levels.
 """
 
@@ -139,7 +139,7 @@ def catalogue_products(
     network: Network, vectors: FloatArray, cols: IntArray, raw: FloatArray | None = None
 ) -> FloatArray:
     """out[k, u] = b_{cols[k]} . vectors[u] for the lifted item rows b_j = [1, unit_j] / sqrt(2) (the
-    exact CRF's item side, model/exact.py): (K, q), followed by e_{cols[k]} . raw[r] for the item
+    exact CRF's item side, model/exact/): (K, q), followed by e_{cols[k]} . raw[r] for the item
     embeddings themselves (the decoder's scores): (K, q + r), float64, in Fortran order (each column
     contiguous). One product over the float32 item table
     (`Network.catalogue`: half the bytes of the float64 rows, and a map shared by the workers), with

@@ -17,7 +17,7 @@ applied on top of it by `FoldIn.apply`:
   until then it is not part of the CRF, and its predictions come from the bias baseline (`baseline`,
   `embedded`). The artifact's items keep their embeddings;
 - the inference mode's scorer takes the change (`updated`): the exact CRF's known field by the changed
-  rows' and columns' terms alone (model/exact.py), the paper's partitions drawn again.
+  rows' and columns' terms alone (model/exact/), the paper's partitions drawn again.
 
 Each state is a new immutable `OnlineState`, published by one assignment: a reader takes `fold.state`
 once and sees one consistent model.

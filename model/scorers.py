@@ -2,7 +2,7 @@
 
     network  the base network alone (`none`, or T = 0)
     paper    model/paper.py: CRFs over random blocks, averaged over partitions
-    exact    model/exact.py: the CRF over every known entry with exact messages
+    exact    model/exact/: the CRF over every known entry with exact messages
 
 Each scorer precomputes what it needs at construction and then answers `predict(rows, cols, probs)`.
 """

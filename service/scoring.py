@@ -218,11 +218,11 @@ class UserRows:
 
 
 class UserParts:
-    """Users' `RowParts` (model/exact.py: the decoder's scores and the row terms over the whole catalogue),
-    least recently used first out, within `max_bytes`. Unlike a `UserRows` row they outlive model states:
-    each is kept with the user's version (`OnlineState.user_version`) and read while it holds, so a rating
-    of another user leaves it valid. An answer from them reads the field and the column terms of its
-    state anew (`ExactScorer.from_parts`)."""
+    """Users' `RowParts` (model/exact/scorer.py: the decoder's scores and the row terms over the whole
+    catalogue), least recently used first out, within `max_bytes`. Unlike a `UserRows` row they outlive
+    model states: each is kept with the user's version (`OnlineState.user_version`) and read while it
+    holds, so a rating of another user leaves it valid. An answer from them reads the field and the column
+    terms of its state anew (`ExactScorer.from_parts`)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes

@@ -150,7 +150,7 @@ def test_the_artifact_keeps_the_baseline_fit_and_a_worker_reads_it_instead_of_re
     np.testing.assert_array_equal(stored.biases.users, scorer.biases[1])
     fits: list[float] = []
     fit = exact.bias_baseline
-    monkeypatch.setattr(exact, "bias_baseline", lambda *a, **k: fits.append(a[5]) or fit(*a, **k))
+    monkeypatch.setattr(exact.scorer, "bias_baseline", lambda *a, **k: fits.append(a[5]) or fit(*a, **k))
     served = build_scorer(network, known, mixed, stored)
     assert fits == []  # read, not refitted
     np.testing.assert_array_equal(predict_distributions(network, served, rows, cols), want)

@@ -63,7 +63,7 @@ def test_factorised_messages_equal_dense(
     scaling: str, node_chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # node_chunk: the aggregates summed over chunks of whole users (ml-10m's 7.5 M known entries)
-    monkeypatch.setattr(exact, "NODE_CHUNK", node_chunk)
+    monkeypatch.setattr(exact.messages, "NODE_CHUNK", node_chunk)
     a, b, rows, cols, q_prime = _graph()
     graph = exact.FactorizedGraph(a, b, rows, cols)
     g, h = graph.aggregate(q_prime), graph.total()
@@ -302,10 +302,10 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     dense = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
     users = exact.co_rating_affinity(cols, rows, values, 30, 40, 2.0, 5.0, what="users")
     assert isinstance(dense, exact.DenseAffinity)
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
-    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)  # the sparse product, not dense products
-    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 40)
-    monkeypatch.setattr(exact, "GRAM_CHUNK_PAIRS", 50)  # many chunks
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)  # the sparse product, not dense products
+    monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 40)
+    monkeypatch.setattr(exact.affinity, "GRAM_CHUNK_PAIRS", 50)  # many chunks
     sparse = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
     assert isinstance(sparse, exact.SparseAffinity)
     np.testing.assert_allclose(sparse.toarray(), dense.toarray(), atol=1e-12)
@@ -351,7 +351,7 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     np.testing.assert_allclose(
         sparse.with_lines(lines, fresh).toarray(), dense.with_lines(lines, fresh).toarray(), atol=1e-12
     )
-    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 4)
+    monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 4)
     few = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
     assert isinstance(few, exact.SparseAffinity) and few.matrix.nnz < sparse.matrix.nnz
     wide = np.arange(30)
@@ -370,14 +370,14 @@ def test_the_gram_of_dense_products_keeps_what_the_sparse_product_keeps(
     rng = np.random.default_rng(7)
     rows, cols = np.nonzero(rng.random((50, 40)) < 0.3)
     values = rng.normal(3.0, 1.0, len(rows))  # no ties among the scores
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
-    monkeypatch.setattr(exact, "PRODUCT_CHUNK_CELLS", 7 * 40)  # chunks of 7 rows
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact.affinity, "PRODUCT_CHUNK_CELLS", 7 * 40)  # chunks of 7 rows
     for neighbours in (40, 3):
-        monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", neighbours)
-        monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
+        monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", neighbours)
+        monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
         sparse = exact.co_rating_affinity(rows, cols, values, 50, 40, 1.5, 5.0)
         users = exact.co_rating_affinity(cols, rows, values, 40, 50, 1.5, 5.0, what="users")
-        monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 100)
+        monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 100)
 
         def refused(*args: object) -> None:
             raise AssertionError("the sparse product ran")
@@ -401,17 +401,17 @@ def test_a_grams_cost_is_the_cheaper_of_its_pairs_and_its_dense_products(
     known = Ratings(rng.integers(0, 40, 900), rng.integers(0, 70, 900), rng.integers(1, 6, 900), 40, 70)
     counts = np.bincount(known.rows).astype(np.float64)
     pairs = int(counts @ counts)
-    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
+    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
     assert exact.gram_cost(known, "items") == pairs
-    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 70)
-    monkeypatch.setattr(exact, "PRODUCT_UNITS_PER_PAIR", 1)
+    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 70)
+    monkeypatch.setattr(exact.affinity, "PRODUCT_UNITS_PER_PAIR", 1)
     assert exact.gram_cost(known, "items") == pairs  # 2 x 40 x 70^2 units: dearer than the pairs
-    monkeypatch.setattr(exact, "PRODUCT_UNITS_PER_PAIR", 1000)
+    monkeypatch.setattr(exact.affinity, "PRODUCT_UNITS_PER_PAIR", 1000)
     assert exact.gram_cost(known, "items") == 2 * 40 * 70 * 70 // 1000
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)
-    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", 2 * 40 * 70 * 70 // 1000)
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 50)
+    monkeypatch.setattr(exact.affinity, "GRAM_PAIR_BUDGET", 2 * 40 * 70 * 70 // 1000)
     assert exact.co_rating_affordable(known, "items")
-    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 69)
+    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 69)
     assert not exact.co_rating_affordable(known, "items")
 
 
@@ -420,9 +420,9 @@ def test_a_sparse_table_keeps_each_lines_strongest_neighbours_and_stays_symmetri
 ) -> None:
     rows, cols, values = _ratings(60, 40, 0.4, 4)
     full = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
-    monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
-    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 3)
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
+    monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 3)
     cut = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
     np.testing.assert_array_equal(cut, cut.T)
     kept = cut > 0
@@ -489,15 +489,15 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
     # (holding every neighbour: the dense tables' values). "catalogue in order": every item, in order,
     # whose arrays over the catalogue are the answer without a gather.
     catalogue = queries != "entries"
-    monkeypatch.setattr(exact, "FEW_USERS", few_users)
-    monkeypatch.setattr(exact, "PAIR_CHUNK", 5)
+    monkeypatch.setattr(exact.messages, "FEW_USERS", few_users)
+    monkeypatch.setattr(exact.messages, "PAIR_CHUNK", 5)
     if few_users == 0:
-        monkeypatch.setattr(exact, "NODE_CHUNK", 4)
-        monkeypatch.setattr(exact, "QUERY_CHUNK", 2)
-        monkeypatch.setattr(exact, "MEMBER_CHUNK", 5)
-        monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 2)
-        monkeypatch.setattr(exact, "GRAM_BLAS_LINES", 0)
-        monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 10)
+        monkeypatch.setattr(exact.messages, "NODE_CHUNK", 4)
+        monkeypatch.setattr(exact.messages, "QUERY_CHUNK", 2)
+        monkeypatch.setattr(exact.messages, "MEMBER_CHUNK", 5)
+        monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 2)
+        monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
+        monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 10)
     rng = np.random.default_rng(11)
     n, m, d = 7, 6, 3
     levels = np.array([1.0, 2.0, 3.0, 4.0])
@@ -575,8 +575,8 @@ def test_line_sums_equal_dense_by_pairs_and_by_line_aggregates(
     # Per (query, member) pair or line by line through per-line aggregates, whichever the costs pick:
     # both ways forced here, for one query per line (a request's items) and many sharing a line (one
     # user's test entries). Each must equal the dense sum.
-    monkeypatch.setattr(exact, "LINE_LOOP_COST", 10**12 if way == "pairs" else 0)
-    monkeypatch.setattr(exact, "LINE_BLAS_SPEEDUP", 1 if way == "pairs" else 10**12)
+    monkeypatch.setattr(exact.messages, "LINE_LOOP_COST", 10**12 if way == "pairs" else 0)
+    monkeypatch.setattr(exact.messages, "LINE_BLAS_SPEEDUP", 1 if way == "pairs" else 10**12)
     rng = np.random.default_rng(12)
     n, m, d = 5, 60, 4
     table = engine.lift(engine.normalize_rows(rng.normal(size=(m, d))))
@@ -624,7 +624,7 @@ def test_per_level_reads_agree_user_by_user_and_batched(n_users: int) -> None:
 def test_segment_sums_allow_empty_segments_and_keep_small_sums_exact() -> None:
     # A running total would lose the 1 + 3 behind 1e17 (float spacing 16 there).
     x = np.array([[1e17, 1.0], [1.0, 0.0], [3.0, 0.5], [2.0, 0.25]])
-    got = exact._segment_sums(x, np.array([1, 0, 2, 1, 0]))
+    got = exact.messages._segment_sums(x, np.array([1, 0, 2, 1, 0]))
     np.testing.assert_array_equal(got, [[1e17, 1.0], [0.0, 0.0], [4.0, 0.5], [2.0, 0.25], [0.0, 0.0]])
 
 
@@ -749,8 +749,8 @@ def test_user_similarities_are_the_lifted_rows_products(dtype: type) -> None:
 def test_a_dense_table_grown_past_the_limit_becomes_sparse(monkeypatch: pytest.MonkeyPatch) -> None:
     # New users arriving online grow the user table: past DENSE_TABLE_MAX lines it keeps each line's
     # strongest pairs (and their mirror images) instead of size^2 numbers.
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 12)
-    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 3)
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 12)
+    monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 3)
     rng = np.random.default_rng(2)
     w = rng.random((10, 10)) - 0.3
     table = np.maximum((w + w.T) / 2, 0.0)

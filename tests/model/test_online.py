@@ -542,7 +542,7 @@ def test_a_restored_snapshot_is_the_state_it_was_taken_of_and_goes_on_alike(
     from model import exact
 
     if sparse:  # the user table turns sparse as users arrive: its cut depends on the batches, so stored
-        monkeypatch.setattr(exact, "DENSE_TABLE_MAX", artifact.config.n_users + 1)
+        monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", artifact.config.n_users + 1)
     overrides = {**EXACT, "kernel.co_rating_user": 5.0, "kernel.co_rating": 3.0, "output.baseline": 0.3}
     first, second = _history(artifact)
     taken, _ = _fold(artifact, overrides)

@@ -265,8 +265,8 @@ def test_sparse_co_rating_tables_are_stored_with_the_field_and_read_back(
     from model import exact
     from training.pipeline import run_training
 
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 10)
-    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 4)
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 10)
+    monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 4)
     out = tmp_path / "sparse"
     settings = {
         "inference.mode": "exact",

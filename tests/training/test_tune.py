@@ -184,8 +184,8 @@ def test_the_search_weighs_co_rating_terms_through_sparse_tables_on_a_large_matr
     # and 80 users > 50, so both tables are sparse, and the search still tries the co-rating terms.
     from model import exact
 
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)
-    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 5)
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 50)
+    monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 5)
     artifact = load_artifact(tuned[0])
     assert artifact.config.n_items == 60 and artifact.config.n_users == 80
     result = tune(artifact, trials=8, progress=False)
@@ -200,12 +200,12 @@ def test_a_co_rating_table_over_the_pair_budget_is_left_out_of_the_search(
     # budget sits between the two sparse tables' costs, so the user term is left off and the item term kept.
     from model import exact
 
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)
-    monkeypatch.setattr(exact, "CO_RATING_NEIGHBOURS", 5)
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 50)
+    monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 5)
     artifact = load_artifact(tuned[0])
     items, users = exact.gram_cost(artifact.train, "items"), exact.gram_cost(artifact.train, "users")
     assert items < users  # 80 users x 60 items: an item is rated by more users than a user rates items
-    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", (items + users) // 2)
+    monkeypatch.setattr(exact.affinity, "GRAM_PAIR_BUDGET", (items + users) // 2)
     built: list[str] = []
     gram_of = exact.CoRatingGram.of.__func__  # type: ignore[attr-defined]
 
@@ -232,8 +232,8 @@ def test_the_untuned_start_leaves_a_costly_term_off(monkeypatch: pytest.MonkeyPa
     known = Ratings(rng.integers(0, 40, 500), rng.integers(0, 70, 500), rng.integers(1, 6, 500), 40, 70)
     levels = np.arange(1.0, 6.0)
     assert start_inference(levels, 40, 70, known).kernel.co_rating > 0
-    monkeypatch.setattr(exact, "DENSE_TABLE_MAX", 50)  # the item table (70 lines) is now sparse
-    monkeypatch.setattr(exact, "GRAM_PAIR_BUDGET", exact.gram_cost(known, "items") - 1)
+    monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 50)  # the item table (70 lines) is now sparse
+    monkeypatch.setattr(exact.affinity, "GRAM_PAIR_BUDGET", exact.gram_cost(known, "items") - 1)
     inference = start_inference(levels, 40, 70, known)
     assert inference.kernel.co_rating == 0 and inference.kernel.co_rating_user > 0
     assert start_inference(levels, 40, 70).kernel.co_rating > 0  # without the ratings: START as it is

@@ -1,0 +1,577 @@
+"""The `exact` mode's scorer: everything a query needs, computed once per network and known ratings (or
+taken from the artifact), and updated as ratings arrive online.
+
+The maths: the package docstring (model/exact/__init__.py) and docs/model.md."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from model.artifact import StoredBiases, StoredField, save_known_field
+from model.config import Crf, KernelSettings, OutputSettings
+from model.engine import (
+    Network,
+    compatibility_matrix,
+    nearest_level,
+    one_row,
+    row_products,
+)
+from model.exact.affinity import Affinity, CoRatingGram, SparseAffinity, co_rating_affinity, co_rating_rows
+from model.exact.baseline import baseline_mixture, bias_baseline
+from model.exact.field import KnownField, LevelInterpolation, known_field
+from model.exact.lines import Lines
+from model.exact.messages import ClampedRows, ColumnMajor, FactorizedGraph, clamped_sums
+from model.exact.posterior import posterior, query_distributions, user_distributions
+from model.ratings import Ratings
+from model.types import FloatArray, IntArray
+
+
+@dataclass(frozen=True)
+class FieldKey:
+    """What a known field depends on beyond the network and the known ratings. Stored as JSON beside the
+    field, so a field computed for other settings is recomputed rather than reused; settings that cannot
+    change the field (the co-rating exponent without a co-rating term, the scale unless `scaled`) are 0."""
+
+    scaling: str
+    known: str
+    gamma: float
+    layers: int
+    tau: float
+    scale: float
+    same_user: float
+    same_item: float
+    co_rating: float
+    co_rating_user: float
+    co_rating_power: float
+    co_rating_shrink: float
+    co_rating_prior: float
+    n_known: int
+
+    @classmethod
+    def of(cls, crf: Crf, kernel: KernelSettings, scale: float, n_known: int) -> FieldKey:
+        """The key of a field computed under these settings."""
+        co_rated = kernel.co_rating > 0 or kernel.co_rating_user > 0
+        return cls(
+            scaling=kernel.scaling,
+            known=kernel.known,
+            gamma=float(crf.gamma),
+            layers=int(crf.layers),
+            tau=float(crf.tau),
+            scale=float(scale) if kernel.scaling == "scaled" else 0.0,
+            same_user=kernel.same_user,
+            same_item=kernel.same_item,
+            co_rating=kernel.co_rating,
+            co_rating_user=kernel.co_rating_user,
+            co_rating_power=kernel.co_rating_power if co_rated else 0.0,
+            co_rating_shrink=kernel.co_rating_shrink if co_rated else 0.0,
+            co_rating_prior=kernel.co_rating_prior if co_rated else 0.0,
+            n_known=n_known,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FieldKey | None:
+        """The key stored with a field; None when it is not a key of this version (then recompute)."""
+        names = {f.name for f in fields(cls)}
+        if set(d) != names:
+            return None
+        try:
+            return cls(**d)
+        except TypeError:
+            return None
+
+
+class ExactParts:
+    """What the `exact` scorers of one network and one set of known ratings share whatever their settings:
+    the lifted embeddings, the co-rating grams (`CoRatingGram`), the clamped field's per-label aggregates
+    and the bias baselines. Each is built on first use, once. A search over the settings
+    (training/tune.py) builds one `ExactScorer` per trial from them in milliseconds instead of seconds.
+
+    The clamped field is linear in the compatibility: with A_l = sum over the entries labelled l of
+    a_i b_j^T, G_u = sum_l C[u, l] A_l for any C (any tau)."""
+
+    def __init__(self, network: Network, known: Ratings) -> None:
+        self.network, self.known = network, known
+        self.user_lifted, self.item_lifted = network.user_lifted, network.item_lifted
+        self.labels = nearest_level(known.values, network.levels)
+        self._grams: dict[str, CoRatingGram] = {}
+        self._per_label: tuple[FloatArray, FloatArray] | None = None
+        self._label_matrix: sp.csr_matrix | None = None
+        self._biases: dict[tuple[float, float], tuple[float, FloatArray, FloatArray]] = {}
+
+    def table(self, what: str, power: float, shrink: float) -> Affinity:
+        """The co-rating table of the items (`items`) or of the users (`users`)."""
+        gram = self._grams.get(what)
+        if gram is None:
+            known, net = self.known, self.network
+            if what == "items":
+                gram = CoRatingGram.of(known.rows, known.cols, known.values, net.n_users, net.n_items)
+            else:
+                gram = CoRatingGram.of(known.cols, known.rows, known.values, net.n_items, net.n_users, what)
+            self._grams[what] = gram
+        return gram.table(power, shrink)
+
+    def label_matrix(self, p: int) -> sp.csr_matrix:
+        """`ColumnMajor.label_matrix` of the known entries (p levels), built on first use."""
+        if self._label_matrix is None or self._label_matrix.shape[0] != self.known.n_items * p:
+            self._label_matrix = ColumnMajor.label_matrix(self.known, self.labels, p)
+        return self._label_matrix
+
+    def clamped_field(self, compat: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(G, H) of the known entries clamped to their labels, under the compatibility `compat`."""
+        if self._per_label is None:
+            graph = FactorizedGraph(self.user_lifted, self.item_lifted, self.known.rows, self.known.cols)
+            onehot = np.zeros((len(self.labels), len(compat)))
+            onehot[np.arange(len(self.labels)), self.labels] = 1.0
+            self._per_label = graph.aggregate(onehot), graph.total()
+        per_label, h = self._per_label
+        g: FloatArray = np.einsum("ul,lde->ude", compat, per_label)
+        return g, h
+
+    def biases(self, user_shrink: float, item_shrink: float) -> tuple[float, FloatArray, FloatArray]:
+        """`bias_baseline` of the known ratings with these penalties."""
+        key = (user_shrink, item_shrink)
+        if key not in self._biases:
+            known, net = self.known, self.network
+            self._biases[key] = bias_baseline(
+                known.rows, known.cols, known.values, net.n_users, net.n_items, user_shrink, item_shrink
+            )
+        return self._biases[key]
+
+
+@dataclass(frozen=True)
+class RowParts:
+    """The part of one user's answers that other users' ratings leave as it is (`ExactScorer.row_parts`):
+    valid while the user's ratings and embedding and the items stay the same."""
+
+    user: int
+    scores: FloatArray
+    """(m, p) the decoder's scores u^T B_l v_j of every item."""
+    own: FloatArray | None
+    """(m, p [+ 1]) the row terms' sums over every item (same-user, item co-rating; with the normaliser's
+    share as column p under `normalized`), or None without them."""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.scores.nbytes + (0 if self.own is None else self.own.nbytes))
+
+
+class ExactScorer:
+    """The `exact` mode over one network and its known ratings: everything a query needs (the known
+    field, the kernel's tables, the bias baseline) is computed at construction, taken from the artifact's
+    stored field when its key matches, or (clamped known entries) assembled from shared `parts`."""
+
+    def __init__(
+        self,
+        network: Network,
+        known: Ratings,
+        crf: Crf,
+        kernel: KernelSettings,
+        output: OutputSettings,
+        scale: float = 1.0,
+        stored: StoredField | None = None,
+        parts: ExactParts | None = None,
+    ) -> None:
+        self.network, self.known, self.crf = network, known, crf
+        self.kernel, self.output = kernel, output
+        if parts is not None and (parts.network is not network or parts.known is not known):
+            raise ValueError("the parts belong to another network or other known ratings")
+        self.parts = parts
+        if parts is not None:
+            self.user_lifted, self.item_lifted = parts.user_lifted, parts.item_lifted
+        else:
+            self.user_lifted = network.user_lifted  # a_i = [1, u_i] / sqrt(2): s_r = a_i . a_i'
+            self.item_lifted = network.item_lifted
+        self.compat = compatibility_matrix(network.levels, crf.tau)
+        counts = np.bincount(known.cols, minlength=network.n_items)
+        sums = np.bincount(known.cols, weights=known.values, minlength=network.n_items)
+        self._item_means = sums / np.maximum(counts, 1)  # what centres the user table's ratings
+        self.key = FieldKey.of(crf, kernel, scale, len(known))
+        stored_key = FieldKey.from_json(stored.key) if stored is not None else None
+        matches = stored is not None and stored_key == self.key
+        self.lines = self._lines(stored=stored.tables if stored is not None and matches else None)
+        needs_t = self.lines is not None and self.lines.active
+        clamped = kernel.known == "clamped"
+        labels = parts.labels if parts is not None else nearest_level(known.values, network.levels)
+        # The item-ordered copy of the clamped entries that one user's catalogue read takes: built once
+        # per `parts` (a search's trials share it), not once per trial.
+        matrix = None
+        if clamped and parts is not None and self.lines is not None and self.lines.column_terms:
+            matrix = parts.label_matrix(len(self.compat))
+        by_label = (labels, self.compat, matrix) if clamped else (None, None, None)
+        # Clamped entries' t follows from their labels (`ClampedRows`): never stored, never an array.
+        clamped_t = ClampedRows(labels, self.compat) if clamped and needs_t else None
+        if matches and stored is not None and (clamped or (stored.t is not None) == needs_t):
+            self.field = KnownField(
+                g=stored.g,
+                h=stored.h,
+                scaling=kernel.scaling,
+                scale=scale,
+                t=clamped_t if clamped else stored.t,
+                interp=LevelInterpolation.of(self.compat),
+            ).with_columns(self.lines, *by_label)
+            self.field_source = "artifact"
+        elif parts is not None and kernel.known == "clamped":
+            g, h = parts.clamped_field(self.compat)
+            self.field = KnownField(
+                g=g,
+                h=h,
+                scaling=kernel.scaling,
+                scale=scale,
+                t=clamped_t,
+                interp=LevelInterpolation.of(self.compat),
+            ).with_columns(self.lines, *by_label)
+            self.field_source = "parts"
+        else:
+            self.field = self._known_field(scale)
+            self.field_source = "computed"
+        self.biases: tuple[float, FloatArray, FloatArray] | None = None
+        same_known = stored_key is not None and stored_key.n_known == len(known)
+        kept = stored.biases if stored is not None and same_known else None
+        penalties = (output.baseline_user_shrink, output.baseline_item_shrink)
+        if output.baseline > 0 and parts is not None:
+            self.biases = parts.biases(*penalties)
+        elif output.baseline > 0 and kept is not None and (kept.user_shrink, kept.item_shrink) == penalties:
+            self.biases = (kept.mu, kept.users, kept.items)  # the artifact's fit to these ratings
+        elif output.baseline > 0:
+            self.biases = bias_baseline(
+                known.rows,
+                known.cols,
+                known.values,
+                network.n_users,
+                network.n_items,
+                output.baseline_user_shrink,
+                output.baseline_item_shrink,
+            )
+
+    def updated(
+        self,
+        network: Network,
+        known: Ratings,
+        users: IntArray,
+        items: IntArray | None = None,
+        tables: Mapping[str, np.ndarray] | None = None,
+    ) -> ExactScorer:
+        """The scorer once ratings arrived online: `network` and `known` include them (users and items may
+        have been added at the end); `users` are those whose ratings or embeddings changed, `items` those
+        whose embeddings changed; `tables`: what `online_tables` of the scorer that took them returned
+        (a restored snapshot), used instead of recomputing it.
+
+        With clamped known entries and normalized or summed messages the field changes by the terms of the
+        entries on those rows and columns alone: their old terms out, their new ones (new ratings, new
+        embeddings) in, in O(|those entries| D p + |users| D^2 p). It is never rebuilt. Otherwise (known
+        entries updated by the network, or messages scaled by n x m) it is recomputed. The co-rating tables
+        stay those of the artifact's ratings until the next training (new users and items have no
+        neighbours in them); the bias baseline refits the changed users' biases against the item biases."""
+        items = np.empty(0, dtype=np.int64) if items is None else np.asarray(items, dtype=np.int64)
+        users = np.asarray(users, dtype=np.int64)
+        new = copy.copy(self)
+        new.network, new.known, new.parts = network, known, None
+        new.user_lifted, new.item_lifted = network.user_lifted, network.item_lifted
+        new.lines = new._lines(self.lines)
+        stored = dict(tables or {})
+        if new.lines is not None and new.lines.user_affinity is not None and "user_table_data" in stored:
+            n = network.n_users
+            matrix = sp.csr_matrix(
+                (stored["user_table_data"], stored["user_table_indices"], stored["user_table_indptr"]),
+                shape=(n, n),
+            )
+            new.lines = dataclasses.replace(new.lines, user_affinity=SparseAffinity(matrix))
+        elif new.lines is not None and new.lines.user_affinity is not None and len(users):
+            # The changed users' rows of the user table follow their new ratings. The ratings are centred
+            # by the item means the table was built with, so an entry depends on its two users' ratings
+            # alone, and a dense table on the ratings, not on how they arrived (a sparse one keeps each
+            # line's strongest pairs as of its last change).
+            k = self.kernel
+            means = np.full(network.n_items, self._item_means.mean() if len(self._item_means) else 0.0)
+            means[: len(self._item_means)] = self._item_means
+
+            def fresh(lo: int, hi: int) -> FloatArray:
+                return co_rating_rows(
+                    known.cols, known.rows, known.values, network.n_items, network.n_users, users[lo:hi],
+                    k.co_rating_power, k.co_rating_shrink, mean=means, by_row=known.by_col,
+                    by_col=known.by_row,
+                )  # fmt: skip
+
+            table = new.lines.user_affinity.with_lines(users, fresh)
+            new.lines = dataclasses.replace(new.lines, user_affinity=table)
+        scale = (
+            self.field.scale
+            * self.network.n_users
+            * self.network.n_items
+            / (network.n_users * network.n_items)
+        )
+        if self.kernel.known == "clamped" and self.kernel.scaling != "scaled":
+            old_g, old_h = self._terms(users, items)
+            new_g, new_h = new._terms(users, items)
+            lines_on = new.lines is not None and new.lines.active
+            labels = nearest_level(known.values, network.levels)
+            t_all = ClampedRows(labels, self.compat) if lines_on else None
+            columns = (
+                ColumnMajor.clamped(known, labels, self.compat)
+                if new.lines is not None and new.lines.column_terms
+                else None
+            )
+            new.field = KnownField(
+                g=self.field.g - old_g + new_g,
+                h=self.field.h - old_h + new_h,
+                scaling=self.kernel.scaling,
+                scale=scale,
+                t=t_all,
+                interp=self.field.interp,
+                columns=columns,
+            )
+        else:
+            new.field = new._known_field(scale)
+        new.field_source = "online"
+        if self.biases is not None:
+            mu, old_b, old_c = self.biases
+            b, c = np.zeros(network.n_users), np.zeros(network.n_items)
+            b[: len(old_b)], c[: len(old_c)] = old_b, old_c
+            for user in users:
+                pos = known.by_row.of(int(user))
+                residual = known.values[pos] - mu - c[known.cols[pos]]
+                b[user] = residual.sum() / (len(pos) + self.output.baseline_user_shrink)
+            new.biases = (mu, b, c)
+        return new
+
+    def _terms(self, users: IntArray, items: IntArray) -> tuple[FloatArray, FloatArray]:
+        """The clamped field's terms (G, H) of the known entries on the rows `users` or the columns `items`:
+        sum_l t_l a_{i_l} b_{j_l}^T over them (users and items beyond this scorer's matrix have none)."""
+        known = self.known
+        on_rows, _ = known.by_row.members(users[users < known.n_users])
+        on_cols, _ = known.by_col.members(items[items < known.n_items])
+        pos = np.union1d(on_rows, on_cols)
+        labels = nearest_level(known.values[pos], self.network.levels)
+        sums = clamped_sums(
+            self.user_lifted, self.item_lifted, known.rows[pos], known.cols[pos], labels, self.compat
+        )
+        return sums[:-1], sums[-1]
+
+    def _lines(
+        self,
+        tables: Lines | None = None,
+        stored: dict[str, tuple[FloatArray, IntArray, FloatArray]] | None = None,
+    ) -> Lines | None:
+        """The kernel's line and co-rating terms (None when every weight is 0), with their tables: those
+        of `tables` when given (the user table grows by zero rows and columns for new users), else the
+        artifact's `stored` sparse tables where it holds them, else built here."""
+        k, known, net = self.kernel, self.known, self.network
+        if not any((k.same_user, k.same_item, k.co_rating, k.co_rating_user)):
+            return None
+        if tables is not None:
+            items = None if tables.affinity is None else tables.affinity.grown(net.n_items)
+            users = None if tables.user_affinity is None else tables.user_affinity.grown(net.n_users)
+        else:
+            stored = stored or {}
+            items = self._table("items", stored.get("items")) if k.co_rating > 0 else None
+            users = self._table("users", stored.get("users")) if k.co_rating_user > 0 else None
+        return Lines(
+            k.same_user, k.same_item, known, k.co_rating, items, k.co_rating_prior, k.co_rating_user, users
+        )
+
+    def _table(self, what: str, stored: tuple[FloatArray, IntArray, FloatArray] | None = None) -> Affinity:
+        """The co-rating table of the items or the users (`co_rating_affinity`): the `stored` one (CSR
+        arrays), or from `parts` when given, or built."""
+        k, known, net = self.kernel, self.known, self.network
+        if stored is not None:
+            size = net.n_items if what == "items" else net.n_users
+            return SparseAffinity(sp.csr_matrix(stored[::-1], shape=(size, size)))
+        if self.parts is not None:
+            return self.parts.table(what, k.co_rating_power, k.co_rating_shrink)
+        if what == "items":
+            return co_rating_affinity(
+                known.rows, known.cols, known.values, net.n_users, net.n_items,
+                k.co_rating_power, k.co_rating_shrink,
+            )  # fmt: skip
+        return co_rating_affinity(
+            known.cols, known.rows, known.values, net.n_items, net.n_users,
+            k.co_rating_power, k.co_rating_shrink, what="users",
+        )  # fmt: skip
+
+    def save(self, directory: Path) -> None:
+        """Write this scorer's field into an artifact directory (`model.artifact.save_known_field`), with
+        its sparse co-rating tables and its bias baseline's fit; t only where it is an array (clamped
+        entries' follows from their labels)."""
+        f = self.field
+        t = f.t if isinstance(f.t, np.ndarray) else None
+        biases = None
+        if self.biases is not None:
+            mu, users, items = self.biases
+            shrink = (self.output.baseline_user_shrink, self.output.baseline_item_shrink)
+            biases = StoredBiases(*shrink, mu, users, items)
+        save_known_field(directory, self.key.to_json(), f.g, f.h, t, self.sparse_tables(), biases)
+
+    def online_tables(self) -> dict[str, np.ndarray]:
+        """What `updated` built that the ratings alone do not give back (the sparse user table keeps each
+        line's strongest pairs as of its last change, so it depends on how ratings were batched): a
+        snapshot stores it and a restore passes it back (`updated(..., tables=)`). A dense table follows
+        from the ratings and is recomputed instead."""
+        table = None if self.lines is None else self.lines.user_affinity
+        if not isinstance(table, SparseAffinity):
+            return {}
+        m = table.matrix
+        return {"user_table_indptr": m.indptr, "user_table_indices": m.indices, "user_table_data": m.data}
+
+    def sparse_tables(self) -> dict[str, tuple[IntArray, IntArray, FloatArray]]:
+        """The scorer's sparse co-rating tables as CSR arrays (indptr, indices, data), to be stored with
+        its field (`model.artifact.save_known_field`); dense ones are quick to rebuild and are not."""
+        out = {}
+        if self.lines is not None:
+            for what, table in (("items", self.lines.affinity), ("users", self.lines.user_affinity)):
+                if isinstance(table, SparseAffinity):
+                    out[what] = (table.matrix.indptr, table.matrix.indices, table.matrix.data)
+        return out
+
+    def _known_field(self, scale: float) -> KnownField:
+        known, net = self.known, self.network
+        probs = net.probabilities(known.rows, known.cols) if self.kernel.known == "predicted" else None
+        return known_field(
+            self.user_lifted,
+            self.item_lifted,
+            known.rows,
+            known.cols,
+            probs,
+            nearest_level(known.values, net.levels),
+            self.compat,
+            self.crf.gamma,
+            self.crf.layers,
+            self.kernel.scaling,
+            scale,
+            self.kernel.known,
+            self.lines,
+        )
+
+    blocking = False
+
+    @property
+    def baseline_weight(self) -> float:
+        """Weight of the bias baseline in `predict` (output.baseline)."""
+        return float(self.output.baseline)
+
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
+        """Final distributions of the queried entries (rows[k], cols[k]), attached to the known field and
+        mixed with the bias baseline when output.baseline > 0: (K, p). `query_probs`: the base network's
+        distributions of the entries; without them the network's own, read with the messages when the
+        queries are one user's (`user_distributions`)."""
+        dist, baseline = self.unmixed(rows, cols, query_probs)
+        if baseline is None:
+            return dist
+        return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
+
+    def row_parts(self, user: int) -> RowParts | None:
+        """What of the user's answers over the whole catalogue depends on the user's own ratings and
+        embedding alone (and on the items'), so that it stays valid while other users' ratings arrive: the
+        decoder's scores and the row terms (same-user, item co-rating) over every item, float64. None when
+        the known entries are not clamped (their distributions then move with every rating)."""
+        if self.kernel.known != "clamped":
+            return None
+        net, lines = self.network, self.lines
+        decoder = np.matmul(net.user_emb[user], net.bilinear)  # (p, d)
+        scores = np.asarray(net.item_emb, dtype=np.float64) @ decoder.T  # (m, p)
+        own = None
+        if lines is not None and self.field.t is not None and (lines.same_user > 0 or lines.co_rating > 0):
+            row_terms = dataclasses.replace(lines, same_item=0.0, co_rating_user=0.0)
+            cols = np.arange(net.n_items, dtype=np.int64)
+            rows = np.full(net.n_items, user, dtype=np.int64)
+            normalized = self.kernel.scaling == "normalized"
+            own = row_terms.messages(self.field.t, self.user_lifted, self.item_lifted, rows, cols, normalized)
+        return RowParts(user, scores, own)
+
+    def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
+        """`unmixed` of the queries (parts.user, cols[k]) from the user's `row_parts` (taken from this
+        scorer or from an earlier one whose user and items were the same): the field's messages and the
+        column terms (same-item, user co-rating: other users' ratings) read now, the rest from `parts`. The
+        same numbers as `unmixed` to rounding, in float64 throughout."""
+        user, f, lines = parts.user, self.field, self.lines
+        normalized = self.kernel.scaling == "normalized"
+        stacked = f.stacked(normalized)
+        forms = row_products(self.item_lifted, np.matmul(self.user_lifted[user], stacked), cols)
+        p = f.g.shape[0]
+        msg, total = forms[:, :p], (forms[:, p] if normalized else None)
+        if lines is not None and lines.active and f.t is not None:
+            extra = np.zeros((len(cols), p + int(normalized)))
+            if parts.own is not None:
+                extra += parts.own[cols]
+            if lines.column_terms:
+                extra += self._column_terms(user, cols, normalized)
+            msg = msg + extra[:, :p]
+            if total is not None:
+                total = total + extra[:, p] + lines.prior_weight
+        if self.kernel.scaling == "scaled":
+            msg = msg * f.scale
+        elif total is not None:
+            msg = msg / np.maximum(total, 1e-12)[:, None]
+        dist = posterior(np.array(parts.scores[cols], dtype=np.float64, order="C"), msg, self.crf.gamma)
+        if self.biases is None:
+            return dist, None
+        mu, user_bias, item_bias = self.biases
+        return dist, item_bias[cols] + (mu + user_bias[user])
+
+    def _column_terms(self, user: int, cols: IntArray, with_total: bool) -> FloatArray:
+        """The column terms (same-item, user co-rating) of one user's queries: sum over the known l on
+        column j of e(i_l) t_l, e = lambda_i s_r(user, .) + lambda_c w_u(user, .) (`Lines.messages`),
+        with the sums of e alone after them when `with_total`: (K, p [+ 1]). For clamped entries
+        t_l = C[label_l]: the sums of e per label first (one bincount), then C."""
+        lines, t, known = self.lines, self.field.t, self.known
+        assert lines is not None and isinstance(t, ClampedRows)  # `row_parts`: clamped entries only
+        e = lines.column_weights(user, self.user_lifted)
+        members, counts = known.by_col.members(cols)
+        p = len(t.compat)
+        owner = np.repeat(np.arange(len(cols)), counts)
+        per_label = np.bincount(
+            owner * p + t.labels[members], weights=e[known.rows[members]], minlength=len(cols) * p
+        ).reshape(len(cols), p)
+        out = per_label @ t.compat
+        if with_total:
+            out = np.hstack([out, per_label.sum(axis=1, keepdims=True)])
+        result: FloatArray = out
+        return result
+
+    def unmixed(
+        self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """What `predict` mixes: the CRF's distributions (K, p) and the bias baseline's predictions (K,),
+        None without one (output.baseline 0). A catalogue's row is kept unmixed (service.scoring), so a
+        top-N reads expected ratings, (1 - w) E[CRF] + w clip(baseline), without a mixed (K, p) array."""
+        user = one_row(rows) if query_probs is None else None
+        if user is not None:
+            dist = user_distributions(
+                self.field,
+                self.network,
+                self.user_lifted,
+                self.item_lifted,
+                user,
+                cols,
+                self.crf.gamma,
+                self.lines,
+            )
+        else:
+            if query_probs is None:
+                query_probs = self.network.probabilities(rows, cols)
+            dist = query_distributions(
+                self.field,
+                self.user_lifted,
+                self.item_lifted,
+                rows,
+                cols,
+                query_probs,
+                self.crf.gamma,
+                self.lines,
+            )
+        if self.biases is None:
+            return dist, None
+        mu, user_bias, item_bias = self.biases
+        user_part = user_bias[rows] if user is None else user_bias[user]  # one user's: a number
+        return dist, item_bias[cols] + (mu + user_part)
