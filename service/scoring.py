@@ -428,6 +428,8 @@ class ServedModel:
         self._snapshot_checked = now
         try:
             meta = self.snapshots.meta() or {}
+            if meta.get("stream_identity") != self._identity:  # of a stream since emptied: replaced
+                meta = {}
             stored, written = int(meta.get("applied", -1)), float(meta.get("written_at", 0.0))
             self._snapshot_known = max(stored, 0)
             due = applied - stored >= self.settings.snapshot_every or (

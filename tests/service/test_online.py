@@ -662,7 +662,12 @@ def test_a_snapshot_of_other_settings_or_another_stream_is_not_used(
     client = redis.Redis.from_url(durable_redis.url)
     client.delete("dcmc:ratings", "dcmc:ratings:identity")
     client.close()
-    with _app(tiny_artifact, durable_redis) as fresh:
+    with _app(tiny_artifact, durable_redis, snapshot_interval_s=3600) as fresh:
         assert fresh.metric("dcmc_fold_in_snapshots_total", event="ignored") == 1
         assert fresh.client.post("/predict", json={"user": "snapper", "items": ITEMS}).status_code == 404
+        # and the new stream gets its own snapshot, the old one's count notwithstanding
+        _write(fresh.client, _ratings("other", [("i1", 4)]))
+        _wait_for(lambda: fresh.metric("dcmc_fold_in_snapshots_total", event="written") == 1)
+    with _app(tiny_artifact, durable_redis) as again:
+        assert again.metric("dcmc_fold_in_snapshots_total", event="restored") == 1
     assert np.isfinite(answer).all()
