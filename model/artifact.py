@@ -41,7 +41,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +118,24 @@ def artifact_writer(out: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def rewritten(
+    directory: str | Path, drop: Callable[[str], bool] = lambda name: False
+) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Rewrite the artifact at `directory` atomically (`artifact_writer`): yields (the new directory, its
+    config.json as a dict). Every file is copied but those `drop` names and the manifest; the caller changes
+    the config and writes what it adds; on exit the config is written, then a new manifest, so the result
+    is a new model version."""
+    directory = Path(directory)
+    with artifact_writer(directory) as tmp:
+        for path in directory.iterdir():
+            if path.is_file() and path.name != MANIFEST and not drop(path.name):
+                shutil.copy2(path, tmp / path.name)
+        config = json.loads((directory / "config.json").read_text())
+        yield tmp, config
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def write_manifest(directory: Path) -> dict[str, Any]:

@@ -21,9 +21,7 @@ DCMC_FOLD_IN_REFINE says otherwise. The test split is not in the artifact and is
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from model.artifact import MANIFEST, Artifact, artifact_writer, load_artifact
+from model.artifact import Artifact, load_artifact, rewritten
 from model.engine import OnnxNetwork, expected_rating
 from model.online import FoldIn
 from model.ratings import Ratings
@@ -136,14 +134,8 @@ def difference_interval(
 def write_fold_in(directory: str | Path, record: dict[str, Any]) -> None:
     """Rewrite the artifact at `directory` with `record` as config.json's `fold_in` (a new manifest and so
     a new model version; atomic, like every artifact write)."""
-    directory = Path(directory)
-    with artifact_writer(directory) as tmp:
-        for path in directory.iterdir():
-            if path.is_file() and path.name != MANIFEST:
-                shutil.copy2(path, tmp / path.name)
-        config = json.loads((directory / "config.json").read_text())
+    with rewritten(directory) as (_, config):
         config["fold_in"] = record
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def choose_and_write(directory: str | Path, seed: int = 0) -> dict[str, Any]:

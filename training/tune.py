@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,13 +34,7 @@ import numpy as np
 import optuna
 
 from model import exact
-from model.artifact import (
-    MANIFEST,
-    Artifact,
-    artifact_writer,
-    is_known_field_file,
-    load_artifact,
-)
+from model.artifact import Artifact, is_known_field_file, load_artifact, rewritten
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
 from model.engine import expected_rating
 from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_cost
@@ -319,13 +312,8 @@ def write_tuning(directory: str | Path, tuning: Tuning) -> Path:
     new model version. Atomic, like every artifact write."""
     directory = Path(directory)
     artifact = load_artifact(directory)  # verifies the checksums first
-    with artifact_writer(directory) as tmp:
-        for path in directory.iterdir():
-            if path.is_file() and path.name not in (MANIFEST, TUNING) and not is_known_field_file(path.name):
-                shutil.copy2(path, tmp / path.name)
-        config = json.loads((directory / "config.json").read_text())
+    with rewritten(directory, drop=lambda name: name == TUNING or is_known_field_file(name)) as (tmp, config):
         config["inference"] = tuning.chosen.to_dict()
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / TUNING).write_text(json.dumps(tuning.record, indent=2) + "\n")
         if tuning.chosen.mode == "exact":
             network = load_network(artifact)
