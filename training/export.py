@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.artifact import HELD_OUT, StoredBiases, artifact_writer, save_baseline
+from model.artifact import HELD_OUT, StoredBiases, artifact_writer, save_baseline, save_known_field
 from model.config import InferenceConfig, ModelConfig
 from model.engine import Network, OnnxNetwork
 from model.exact import ExactScorer, bias_baseline
@@ -96,6 +96,20 @@ def check_parity(
     return worst
 
 
+def save_exact_field(scorer: ExactScorer, directory: Path) -> None:
+    """Write an `exact` scorer's field into an artifact directory (`model.artifact.save_known_field`), with
+    its sparse co-rating tables and its bias baseline's fit; t only where it is an array (clamped
+    entries' follows from their labels)."""
+    f = scorer.field
+    t = f.t if isinstance(f.t, np.ndarray) else None
+    biases = None
+    if scorer.biases is not None:
+        mu, users, items = scorer.biases
+        shrink = (scorer.output.baseline_user_shrink, scorer.output.baseline_item_shrink)
+        biases = StoredBiases(*shrink, mu, users, items)
+    save_known_field(directory, scorer.key.to_json(), f.g, f.h, t, scorer.sparse_tables(), biases)
+
+
 def write_known_field(
     directory: Path,
     cfg: ModelConfig,
@@ -118,7 +132,7 @@ def write_known_field(
     ratings = Ratings(known.rows, known.cols, known.values, cfg.n_users, cfg.n_items)
     scorer = build_scorer(network, ratings, inference)
     if isinstance(scorer, ExactScorer):
-        scorer.save(directory)
+        save_exact_field(scorer, directory)
 
 
 def write_baseline(directory: Path, cfg: ModelConfig, known: Entries) -> None:

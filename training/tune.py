@@ -40,6 +40,7 @@ from model.engine import expected_rating
 from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_cost
 from model.ratings import Ratings
 from model.scorers import build_scorer, load_network
+from training.export import save_exact_field
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ def write_tuning(directory: str | Path, tuning: Tuning) -> Path:
             network = load_network(artifact)
             scorer = build_scorer(network, artifact.known(), tuning.chosen)
             assert isinstance(scorer, ExactScorer)
-            scorer.save(tmp)
+            save_exact_field(scorer, tmp)
     return directory
 
 

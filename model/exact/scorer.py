@@ -9,13 +9,12 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from model.artifact import StoredBiases, StoredField, save_known_field
+from model.artifact import StoredField
 from model.config import Crf, KernelSettings, OutputSettings
 from model.engine import (
     Network,
@@ -399,19 +398,6 @@ class ExactScorer:
             known.cols, known.rows, known.values, net.n_items, net.n_users,
             k.co_rating_power, k.co_rating_shrink, what="users",
         )  # fmt: skip
-
-    def save(self, directory: Path) -> None:
-        """Write this scorer's field into an artifact directory (`model.artifact.save_known_field`), with
-        its sparse co-rating tables and its bias baseline's fit; t only where it is an array (clamped
-        entries' follows from their labels)."""
-        f = self.field
-        t = f.t if isinstance(f.t, np.ndarray) else None
-        biases = None
-        if self.biases is not None:
-            mu, users, items = self.biases
-            shrink = (self.output.baseline_user_shrink, self.output.baseline_item_shrink)
-            biases = StoredBiases(*shrink, mu, users, items)
-        save_known_field(directory, self.key.to_json(), f.g, f.h, t, self.sparse_tables(), biases)
 
     def online_tables(self) -> dict[str, np.ndarray]:
         """What `updated` built that the ratings alone do not give back (the sparse user table keeps each

@@ -14,6 +14,7 @@ from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.engine import Network
 from model.ratings import Ratings
 from model.scorers import NetworkScorer, build_scorer, predict_distributions
+from training.export import save_exact_field
 
 
 def _ratings(seed: int = 0, n: int = 8, m: int = 6, k: int = 30):  # type: ignore[no-untyped-def]
@@ -142,7 +143,7 @@ def test_the_artifact_keeps_the_baseline_fit_and_a_worker_reads_it_instead_of_re
     scorer = build_scorer(network, known, mixed)
     assert isinstance(scorer, exact.ExactScorer) and scorer.biases is not None
     want = predict_distributions(network, scorer, rows, cols)
-    scorer.save(tmp_path)
+    save_exact_field(scorer, tmp_path)
     config = ModelConfig(n_users=8, n_items=6, levels=(1, 2, 3, 4, 5), hidden=(4,))
     stored = _load_known_field(ArtifactFiles.present(tmp_path), config, len(known))
     assert stored is not None and stored.biases is not None

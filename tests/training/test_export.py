@@ -25,6 +25,7 @@ from model.network import DCMC
 from model.scorers import artifact_scorer, build_scorer, load_network, predict_distributions
 from training.data import load_dataset
 from training.evaluate import held_out, map_entries, predict_ratings
+from training.export import save_exact_field
 
 
 def _dense(art, by: str) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -193,7 +194,7 @@ def test_a_clamped_field_stores_no_distributions_and_serves_from_its_labels(
     assert isinstance(scorer.field.t, ClampedRows) and scorer.field.t.shape == (len(known), 5)
     labels = nearest_level(known.values, network.levels)
     np.testing.assert_array_equal(scorer.field.t[np.arange(len(known))], scorer.compat[labels])
-    scorer.save(tmp_path)
+    save_exact_field(scorer, tmp_path)
     with np.load(tmp_path / KNOWN_FIELD) as z:
         assert sorted(z.files) == ["g", "h"]
     loaded = _load_known_field(ArtifactFiles.present(tmp_path), art.config, len(known))
