@@ -27,7 +27,7 @@ from model.exact.affinity import Affinity, CoRatingGram, SparseAffinity, co_rati
 from model.exact.baseline import baseline_mixture, bias_baseline
 from model.exact.field import KnownField, LevelInterpolation, known_field
 from model.exact.lines import Lines
-from model.exact.messages import ClampedRows, ColumnMajor, FactorizedGraph, clamped_sums
+from model.exact.messages import ClampedRows, ColumnMajor, Distributions, FactorizedGraph, clamped_sums
 from model.exact.posterior import posterior, query_distributions, user_distributions
 from model.ratings import Ratings
 from model.types import FloatArray, IntArray
@@ -211,27 +211,16 @@ class ExactScorer:
         by_label = (labels, self.compat, matrix) if clamped else (None, None, None)
         # Clamped entries' t follows from their labels (`ClampedRows`): never stored, never an array.
         clamped_t = ClampedRows(labels, self.compat) if clamped and needs_t else None
+        given: tuple[FloatArray, FloatArray, Distributions | None] | None = None  # (g, h, t) taken
         if matches and stored is not None and (clamped or (stored.t is not None) == needs_t):
-            self.field = KnownField(
-                g=stored.g,
-                h=stored.h,
-                scaling=kernel.scaling,
-                scale=scale,
-                t=clamped_t if clamped else stored.t,
-                interp=LevelInterpolation.of(self.compat),
-            ).with_columns(self.lines, *by_label)
-            self.field_source = "artifact"
+            given, self.field_source = (stored.g, stored.h, clamped_t if clamped else stored.t), "artifact"
         elif parts is not None and kernel.known == "clamped":
-            g, h = parts.clamped_field(self.compat)
+            given, self.field_source = (*parts.clamped_field(self.compat), clamped_t), "parts"
+        if given is not None:
+            g, h, t = given
             self.field = KnownField(
-                g=g,
-                h=h,
-                scaling=kernel.scaling,
-                scale=scale,
-                t=clamped_t,
-                interp=LevelInterpolation.of(self.compat),
+                g=g, h=h, scaling=kernel.scaling, scale=scale, t=t, interp=LevelInterpolation.of(self.compat)
             ).with_columns(self.lines, *by_label)
-            self.field_source = "parts"
         else:
             self.field = self._known_field(scale)
             self.field_source = "computed"
