@@ -14,6 +14,7 @@ copies it to the dead-letter stream), and so does the trainer.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,63 @@ def off_levels(entries: list[Entry], levels: Any) -> list[Poison]:
     ]
 
 
+@dataclass(frozen=True)
+class Compacted:
+    """The stream's entries up to `last`, consolidated as a replay leaves them: the users forgotten, the
+    pairs whose last entry took the rating back, and each pair's latest rating (in the order of those
+    ratings). Folding in `entries()` gives the state the original entries gave (as a replay's state depends
+    on the ratings, not on their batches)."""
+
+    last: str
+    identity: str | None
+    ratings: tuple[tuple[str, str, float], ...]
+    retracted: tuple[tuple[str, str], ...]
+    forgotten: tuple[str, ...]
+
+    def entries(self) -> list[tuple[str, str, float | None]]:
+        """(user, item, rating) triples to fold in: forgets, then retractions, then ratings."""
+        out: list[tuple[str, str, float | None]] = [(user, FORGET, None) for user in self.forgotten]
+        out += [(user, item, None) for user, item in self.retracted]
+        return out + [(user, item, rating) for user, item, rating in self.ratings]
+
+    def to_json(self) -> str:
+        """As stored in Redis."""
+        return json.dumps(
+            {
+                "format": 1,
+                "last": self.last,
+                "identity": self.identity,
+                "ratings": self.ratings,
+                "retracted": self.retracted,
+                "forgotten": self.forgotten,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Compacted:
+        """Inverse of `to_json`; ValueError for anything else."""
+        try:
+            d = json.loads(raw)
+            if d.get("format") != 1:
+                raise ValueError(f"compacted head of format {d.get('format')!r}")
+            return cls(
+                str(d["last"]),
+                None if d["identity"] is None else str(d["identity"]),
+                tuple((str(u), str(i), float(r)) for u, i, r in d["ratings"]),
+                tuple((str(u), str(i)) for u, i in d["retracted"]),
+                tuple(str(u) for u in d["forgotten"]),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a compacted head: {exc}") from None
+
+
+def after(entry_id: str) -> str:
+    """The smallest stream id after `entry_id` ("ms-seq" -> "ms-(seq+1)"): XTRIM MINID of it removes the
+    entries up to `entry_id`."""
+    ms, seq = stream_order(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
 def stream_order(entry_id: str) -> tuple[int, int]:
     """A stream id "ms-seq" as a pair that sorts as Redis orders ids."""
     ms, _, seq = entry_id.partition("-")
@@ -139,6 +197,12 @@ def _text_or_none(value: bytes | str) -> str | None:
 def stream_key(prefix: str) -> str:
     """The stream of online ratings under the key prefix `prefix` (DCMC_REDIS_KEY_PREFIX)."""
     return f"{prefix}:ratings"
+
+
+def compacted_key(stream: str) -> str:
+    """The key holding the stream's compacted head (`dcmc compact`): every entry up to an id, consolidated
+    (`Compacted`), the entries themselves trimmed from the stream."""
+    return f"{stream}:compacted"
 
 
 def identity_key(stream: str) -> str:

@@ -24,8 +24,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from model.stream import (
+    Compacted,
     Entry,
     Poison,
+    compacted_key,
     entry_fields,
     identity_key,
     parse_entry,
@@ -144,6 +146,18 @@ class RatingLog:
             self.client.set(key, uuid.uuid4().hex, nx=True)
         value: Any = self.client.get(key)
         return text(value) if value is not None else None
+
+    def compacted(self) -> Compacted | None:
+        """The stream's compacted head (`dcmc compact`), None where it has none or it cannot be read (then
+        logged: the ratings it holds are not in the stream any more). Raises redis.RedisError."""
+        raw: Any = self.bulk_client.get(compacted_key(self.key))
+        if raw is None:
+            return None
+        try:
+            return Compacted.from_json(raw)
+        except ValueError as exc:
+            log.error("the compacted head of %s cannot be read (%s): its ratings are left out", self.key, exc)
+            return None
 
     def last_generated(self) -> str:
         """The id of the newest entry the stream has ever had ("0-0" for none); raises redis.RedisError."""

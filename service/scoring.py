@@ -369,7 +369,13 @@ class ServedModel:
         assert self.ratings is not None and self.follower is not None
         key, identity = self.ratings.key, self.ratings.identity()
         self._identity = identity
-        if self._restore(self.artifact.online_snapshot(key, identity)):
+        start = self.artifact.online_snapshot(key, identity)
+        head = self.ratings.compacted()  # `dcmc compact`: the entries up to head.last are trimmed
+        if head is not None and head.identity != identity:
+            log.warning("ignoring the compacted head of %s: it is of another stream of that name", key)
+            head = None
+        trimmed = head is not None and stream_order(head.last) > stream_order(start)
+        if self._restore(head.last if head is not None and trimmed else start):
             return
         recorded = (self.artifact.meta.get("dataset") or {}).get("online_ratings") or {}
         if recorded.get("stream") == key and recorded.get("stream_identity") not in (None, identity):
@@ -385,6 +391,15 @@ class ServedModel:
         if held:
             self.fold.apply(held)
             log.info("folded in %d online ratings of held-out pairs that the artifact kept", len(held))
+        if head is not None and trimmed:  # the stream from the artifact's place on is partly trimmed
+            self.fold.apply(head.entries())
+            self.follower.last = head.last
+            log.info(
+                "folded in the compacted head of %s (%d ratings up to %s): the artifact is older",
+                key,
+                len(head.ratings),
+                head.last,
+            )
 
     def _restore(self, start: str) -> bool:
         """Start from the stored fold-in snapshot if it can be trusted and covers at least the artifact's

@@ -145,6 +145,15 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compact(args: argparse.Namespace) -> int:
+    from training.compact import compact_for_artifact
+
+    url = _online_url(args.online_ratings)
+    assert url is not None
+    print(json.dumps(compact_for_artifact(url, args.online_prefix, args.artifacts)))
+    return 0
+
+
 def _cmd_synth(args: argparse.Namespace) -> int:
     import time
 
@@ -356,6 +365,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--artifacts", required=True, help="the artifact to publish")
     p.add_argument("--link", required=True, help="the symlink to repoint, e.g. artifacts/current")
     p.set_defaults(func=_cmd_publish)
+
+    c = sub.add_parser(
+        "compact",
+        help="trim the rating stream up to what the published artifact read, keeping it consolidated in "
+        "Redis (a retrain and an older model's service read it from there)",
+    )
+    c.add_argument("--artifacts", required=True, help="the published artifact, e.g. artifacts/current")
+    c.add_argument(
+        "--online-ratings",
+        nargs="?",
+        const=FROM_ENV,
+        default=FROM_ENV,
+        metavar="REDIS_URL",
+        help="the Redis of the stream (default: the environment variable REDIS_URL)",
+    )
+    c.add_argument(
+        "--online-prefix", default="dcmc", help="the service's DCMC_REDIS_KEY_PREFIX (default dcmc)"
+    )
+    c.set_defaults(func=_cmd_compact)
 
     e = sub.add_parser(
         "evaluate", help="RMSE/MAE of an artifact on its test (or validation) split (one JSON line)"

@@ -2,8 +2,9 @@
 
 The service appends every acknowledged rating to the Redis stream `<prefix>:ratings` (entries in the
 format of model/stream.py, read here by the same parser: an entry the service skips is skipped here).
-Here the whole stream up to now is read, a re-rating replacing the earlier one (as the service folds
-them), and added to the dataset's training ratings:
+Here the whole stream up to now is read (from its compacted head on, where `dcmc compact` trimmed it:
+training/compact.py), a re-rating replacing the earlier one (as the service folds them), and added to the
+dataset's training ratings:
 
 - a new user or item gets the next index (its id appended to the dataset's, in order of first rating);
 - a rating of a pair the dataset already rates in its training part replaces that rating;
@@ -30,7 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from model.stream import FORGET, Entry, identity_key, off_levels, parse_entry, redact_url, stream_key, text
+from model.stream import (
+    FORGET,
+    Compacted,
+    Entry,
+    compacted_key,
+    identity_key,
+    off_levels,
+    parse_entry,
+    redact_url,
+    stream_key,
+    text,
+)
 from training.data import DataError, Entries, RatingSplit
 
 log = logging.getLogger(__name__)
@@ -62,12 +74,17 @@ class OnlineRatings:
 
 
 def read_online_ratings(
-    url: str, prefix: str = "dcmc", timeout_s: float = 10.0, levels: Sequence[float] | None = None
+    url: str,
+    prefix: str = "dcmc",
+    timeout_s: float = 10.0,
+    levels: Sequence[float] | None = None,
+    up_to: str | None = None,
 ) -> OnlineRatings:
-    """Every rating of the stream `<prefix>:ratings` at `url`, a re-rating replacing the earlier one;
-    DataError when Redis cannot be read. An entry the service would not apply (`model.stream.parse_entry`
-    says it is poison, or its rating is not one of `levels`) is skipped and counted, as the service skips
-    it."""
+    """Every rating of the stream `<prefix>:ratings` at `url` (up to the id `up_to` when given), a
+    re-rating replacing the earlier one, starting from the stream's compacted head where it has one
+    (training/compact.py); DataError when Redis cannot be read. An entry the service would not apply
+    (`model.stream.parse_entry` says it is poison, or its rating is not one of `levels`) is skipped and
+    counted, as the service skips it."""
     import redis
 
     key = stream_key(prefix)
@@ -79,9 +96,19 @@ def read_online_ratings(
     try:
         raw: Any = client.get(identity_key(key))
         identity = text(raw) if raw is not None else None
+        head_raw: Any = client.get(compacted_key(key))
+        head = None if head_raw is None else Compacted.from_json(head_raw)
+        if head is not None and head.identity != identity:
+            log.warning("ignoring the compacted head of %s: it is of another stream of that name", key)
+            head = None
+        if head is not None:  # the entries it consolidates are trimmed from the stream
+            latest = {(u, i): r for u, i, r in head.ratings}
+            retracted = dict.fromkeys(head.retracted)
+            forgotten = dict.fromkeys(head.forgotten)
+            last, count = head.last, len(head.ratings) + len(head.retracted) + len(head.forgotten)
         while True:
             start = f"({last}" if last != "0" else "-"
-            page: Any = client.xrange(key, min=start, count=PAGE)
+            page: Any = client.xrange(key, min=start, max=up_to or "+", count=PAGE)
             if not page:
                 break
             parsed = [parse_entry(i, f) for i, f in page]
@@ -107,6 +134,8 @@ def read_online_ratings(
             last, count = text(page[-1][0]), count + len(page)
     except redis.RedisError as exc:
         raise DataError(f"cannot read the online ratings from {redact_url(url)} ({key}): {exc}") from None
+    except ValueError as exc:  # a compacted head that does not parse: its ratings cannot be read
+        raise DataError(f"the compacted head of {key} at {redact_url(url)} cannot be read: {exc}") from None
     finally:
         client.close()
     if skipped:

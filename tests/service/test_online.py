@@ -671,3 +671,39 @@ def test_a_snapshot_of_other_settings_or_another_stream_is_not_used(
     with _app(tiny_artifact, durable_redis) as again:
         assert again.metric("dcmc_fold_in_snapshots_total", event="restored") == 1
     assert np.isfinite(answer).all()
+
+
+def test_after_compaction_a_worker_of_an_older_artifact_folds_in_the_compacted_head(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    from training.compact import compact_stream
+
+    users = ["compacter", "u5", "latecomer"]
+    # `exact`: its answers do not depend on the users' indexes (the forgotten user has one in the stream's
+    # replay, none from the head), where `paper` draws its random blocks over the matrix as indexed.
+    exact = {"inference": {"mode": "exact"}}
+    with _app(tiny_artifact, durable_redis, snapshot_interval_s=3600, **exact) as api:
+        first = _ratings("compacter", [("i1", 5), ("i2", 1)])["ratings"] + [
+            {"user": "u5", "item": "i0", "rating": 1},
+            {"user": "u5", "item": "gadget", "rating": 4},  # a new item
+            {"user": "leaver", "item": "i3", "rating": 2},
+        ]
+        _write(api.client, {"ratings": first})
+        _wait_for(lambda: api.metric("dcmc_fold_in_snapshots_total", event="written") == 1)  # of 5
+        _write(api.client, _ratings("compacter", [("i1", 3)]))  # a re-rating
+        r = api.client.delete("/ratings", params={"user": "u5", "item": "i0"}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        r = api.client.delete("/users/leaver", headers=AUTH)
+        assert r.status_code == 200, r.text
+        up_to = r.json()["last_id"]
+        last = _write(api.client, _ratings("latecomer", [("i4", 4)]))  # after the compacted head
+        answers = {user: _predict(api.client, user, after=last) for user in users}
+    record = compact_stream(durable_redis.url, "dcmc", up_to, levels=[1.0, 2.0, 3.0, 4.0, 5.0])
+    assert record["trimmed"] == 8  # the 8 entries up to the forget; the latecomer's stays
+    # The artifact read none of the stream, and the snapshot ends before the head: it is not used.
+    with _app(tiny_artifact, durable_redis, snapshot_interval_s=0, **exact) as fresh:
+        assert fresh.metric("dcmc_fold_in_snapshots_total", event="ignored") == 1
+        assert fresh.metric("dcmc_ratings_applied_total") == 1  # the stream after the head
+        for user in users:
+            np.testing.assert_allclose(_predict(fresh.client, user), answers[user], rtol=0, atol=1e-9)
+        assert fresh.client.post("/predict", json={"user": "leaver", "items": ITEMS}).status_code == 404

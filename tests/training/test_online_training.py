@@ -14,6 +14,7 @@ import redis
 
 from model.artifact import load_artifact
 from tests.service.conftest import App, RedisServer
+from training.cli import main
 from training.data import DataError, Entries, RatingSplit
 from training.online import OnlineRatings, read_online_ratings, with_online
 from training.pipeline import run_training
@@ -181,6 +182,23 @@ def test_a_service_on_the_retrained_artifact_replays_only_the_later_ratings(
         after = {"after": r.json()["last_id"]}
         body = api.client.post("/predict", json={"user": "newcomer", "items": ["i1"]}, params=after).json()
         assert body["online_ratings"] == 1
+        answer = body["predictions"][0]["rating"]
+    # `dcmc compact` on the published artifact: the entries it read go, the later one stays, and a worker
+    # of it answers as before; a retrain reads what it read before.
+    before = read_online_ratings(redis_server.url)
+    assert main(["compact", "--artifacts", str(out), "--online-ratings", redis_server.url]) == 0
+    assert client.xlen("dcmc:ratings") == 1
+    again = read_online_ratings(redis_server.url)
+    assert (again.users, again.items, again.values.tolist()) == (
+        before.users,
+        before.items,
+        before.values.tolist(),
+    )
+    with App(out, redis_url=redis_server.url, write_token=TOKEN, snapshot_interval_s=0) as api:
+        body = api.client.post("/predict", json={"user": "newcomer", "items": ["i1"]}).json()
+        assert body["online_ratings"] == 1 and body["predictions"][0]["rating"] == pytest.approx(
+            answer, abs=1e-9
+        )
 
 
 def test_held_out_pairs_stay_known_after_a_retrain_and_another_stream_is_replayed_whole(
@@ -224,3 +242,42 @@ def test_held_out_pairs_stay_known_after_a_retrain_and_another_stream_is_replaye
     redis.Redis.from_url(redis_server.url).set("dcmc:ratings:identity", "another")
     with App(out, redis_url=redis_server.url, write_token=TOKEN) as api:
         assert api.client.get("/health").json()["online_ratings"] == 2  # the whole stream replayed
+
+
+def test_compaction_keeps_what_a_retrain_reads(redis_server: RedisServer) -> None:
+    from training.compact import compact_stream
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.set("c:ratings:identity", "abc")
+    entries = [
+        {"user": "u1", "item": "i1", "rating": "4.0"},
+        {"user": "u2", "item": "i1", "rating": "3.0"},
+        {"user": "u1", "item": "i1", "rating": "2.0"},  # a re-rating
+        {"user": "u3", "item": "i2", "rating": "5.0"},
+        {"user": "u3", "item": "i2", "retract": "1"},  # taken back
+        {"user": "u4", "item": "i9", "rating": "4.5"},  # off the levels: skipped
+        {"user": "u5", "item": "i3", "rating": "1.0"},
+        {"user": "u5", "forget": "1"},  # forgotten
+        {"user": "u5", "item": "i4", "rating": "3.0"},  # a new history
+        {"user": "u6", "item": "i1", "rating": "5.0"},
+    ]
+    ids = [client.xadd("c:ratings", fields).decode() for fields in entries]  # type: ignore[arg-type]
+    levels = [1.0, 2.0, 3.0, 4.0, 5.0]
+
+    def read() -> tuple[object, ...]:
+        o = read_online_ratings(redis_server.url, "c", levels=levels)
+        return o.users, o.items, o.values.tolist(), o.retracted, o.forgotten, o.last_id, o.identity
+
+    before = read()
+    record = compact_stream(redis_server.url, "c", ids[6], levels)
+    assert record["compacted_up_to"] == ids[6] and record["trimmed"] == 7
+    assert client.xlen("c:ratings") == 3
+    assert read() == before  # the head, then the stream after it
+    assert compact_stream(redis_server.url, "c", ids[-1], levels)["trimmed"] == 3  # the head absorbs it
+    assert client.xlen("c:ratings") == 0 and read() == before
+    client.xadd("c:ratings", {"user": "u1", "item": "i1", "rating": "5.0"})  # after the compaction
+    users, items, values, *_ = read()
+    assert (users[-1], items[-1], values[-1]) == ("u1", "i1", 5.0) and values.count(5.0) == 2
+    client.set("c:ratings:identity", "other")  # the stream begun again: the head is not its own
+    assert read()[0] == ["u1"]
+    client.close()
