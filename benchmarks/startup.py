@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/startup.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(),
         "artifact": str(artifact),
+        # the user co-rating term (chosen or not by the artifact's search) keeps a users x users table
+        "user_table": load_artifact(artifact).inference.kernel.co_rating_user > 0,
         "users": args.users,
         "per_user": args.per_user,
     }
@@ -147,6 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _user_table(record: dict[str, Any]) -> str:
+    """Whether the record's artifact has the user co-rating table (read from the artifact for records
+    written before the benchmark recorded it; "?" when it is gone)."""
+    if "user_table" in record:
+        return "on" if record["user_table"] else "off"
+    config = Path(record["artifact"]) / "config.json"
+    if not config.exists():
+        return "?"
+    return "on" if json.loads(config.read_text())["inference"]["kernel"]["co_rating_user"] > 0 else "off"
+
+
 def write_report(results: Path) -> Path:
     rows = [json.loads(line) for line in (results / "startup.jsonl").read_text().splitlines() if line.strip()]
     lines = [
@@ -157,13 +170,18 @@ def write_report(results: Path) -> Path:
         "then a fresh worker that starts from the fold-in snapshot another worker stored. Ready = from",
         "launching `dcmc serve --workers 1` to /ready answering 200; peak RSS = the process's VmHWM then.",
         "",
-        "| commit | ratings (users x each) | replay: ready s | replay: peak RSS MB | snapshot MB | "
-        "restart: ready s | restart: peak RSS MB | answers vs replay, max abs diff |",
-        "|---|---|---|---|---|---|---|---|",
+        "The artifacts differ by what their inference search chose: with the user co-rating term on, the",
+        "fold-in keeps a users x users table (dense, and copied per applied batch, up to 8,192 users; then",
+        "sparse), which the replay grows to 31,000 users and the snapshot stores.",
+        "",
+        "| commit | artifact (user table) | ratings (users x each) | replay: ready s | replay: peak RSS MB "
+        "| snapshot MB | restart: ready s | restart: peak RSS MB | answers vs replay, max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['commit']} | {r['ratings']:,} ({r['users']:,} x {r['per_user']}) | "
+            f"| {r['commit']} | {Path(r['artifact']).name} ({_user_table(r)}) "
+            f"| {r['ratings']:,} ({r['users']:,} x {r['per_user']}) | "
             f"{r['replay']['ready_s']} | {r['replay']['VmHWM']:.0f} | {r['snapshot']['bytes'] / 1e6:.0f} | "
             f"{r['restart']['ready_s']} | {r['restart']['VmHWM']:.0f} | {r['restart']['max_abs_diff']:.1e} |"
         )
