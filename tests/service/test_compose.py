@@ -126,6 +126,10 @@ def test_containers_run_the_commands_the_tests_run() -> None:
     from training.cli import FROM_ENV
 
     assert parsed.online_ratings == FROM_ENV
+    # then compacts the stream up to what the published artifact read, reading REDIS_URL like the training
+    assert "dcmc compact --artifacts /artifacts/current" in loop
+    compact = build_parser().parse_args(["compact", "--artifacts", "/artifacts/current"])
+    assert compact.online_ratings == FROM_ENV
     assert retrainer["environment"]["REDIS_URL"] == services["api"]["environment"]["REDIS_URL"] == URL
     assert "artifacts:/artifacts" in retrainer["volumes"] and retrainer["restart"] == "unless-stopped"
     assert services["api"]["environment"]["DCMC_RELOAD_POLL_S"] == "5"
