@@ -341,7 +341,11 @@ class ServedModel:
             self.follower.prepare = self._place_in_stream
             self.follower.after_read = self._maybe_snapshot
             self.snapshots = SnapshotStore(
-                self.ratings.bulk_client, self.ratings.key, self.version, self.fingerprint
+                self.ratings.client,
+                self.ratings.bulk_client,
+                self.ratings.key,
+                self.version,
+                self.fingerprint,
             )
 
     # -- start-up and shutdown ---------------------------------------------------------------------------

@@ -60,8 +60,12 @@ class Snapshot:
 class SnapshotStore:
     """One model version's snapshot in Redis (see the module docstring). Raises redis.RedisError."""
 
-    def __init__(self, client: redis.Redis, stream: str, version: str, settings: str) -> None:
-        self.client = client
+    def __init__(
+        self, client: redis.Redis, bulk: redis.Redis, stream: str, version: str, settings: str
+    ) -> None:
+        """`client` for the small commands (its short timeout: a slow Redis counts as down), `bulk` for the
+        payload (tens of megabytes)."""
+        self.client, self.bulk = client, bulk
         self.key = f"{stream}:snapshot:{version}:{settings}"
         self.lease_key = f"{stream}:snapshot-lease:{version}:{settings}"
         self.stream, self.version, self.settings = stream, version, settings
@@ -94,7 +98,7 @@ class SnapshotStore:
         wrong = [name for name, value in expected.items() if meta.get(name) != value]
         if wrong:
             raise Untrusted(f"its {', '.join(wrong)} differ from this worker's")
-        data: Any = self.client.hget(self.key, "data")
+        data: Any = self.bulk.hget(self.key, "data")
         if data is None or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
             raise Untrusted("its payload does not match its checksum")
         try:
@@ -125,7 +129,7 @@ class SnapshotStore:
             "bytes": len(data),
             "written_at": time.time(),
         }
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self.bulk.pipeline(transaction=True)
         pipe.hset(self.key, mapping={"meta": json.dumps(meta), "data": data})
         pipe.expire(self.key, KEEP_S)
         pipe.execute()
