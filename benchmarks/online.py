@@ -59,8 +59,6 @@ COLD_START = (0, 1, 2, 5, 10, 20, 50)
 """Ratings posted per held-out user at each point of the cold-start curve (then all of them)."""
 HELD_FRACTION = 0.10
 HELD_SEED = 0
-USER_SHRINK = 2.0
-ITEM_SHRINK = 5.0
 TARGET_GAP = 0.01
 """The target: fold-in RMSE within this much of the trained-in model's on the same entries."""
 PARTS = ("accuracy", "freshness", "speed")
@@ -104,21 +102,6 @@ def write_dataset(directory: Path, split: Any, held: np.ndarray) -> np.ndarray:
     )
     write_csv(directory / "test.csv", split.user_ids, split.item_ids, te.rows, te.cols, te.values)
     return keep
-
-
-def bias_user(
-    mu: float, c: np.ndarray, items: np.ndarray, ratings: np.ndarray, shrink: float = USER_SHRINK
-) -> float:
-    """A user's ridge bias from their ratings given mu and the item biases c:
-    sum_j (r_j - mu - c_j) / (n + shrink) (0 without ratings)."""
-    items = np.asarray(items, dtype=np.int64)
-    ratings = np.asarray(ratings, dtype=np.float64)
-    return float(np.sum(ratings - mu - c[items]) / (len(ratings) + shrink))
-
-
-def bias_predict(mu: float, b: float, c: np.ndarray, items: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """mu + b + c_j, clipped to the rating range."""
-    return np.clip(mu + b + c[np.asarray(items, dtype=np.int64)], lo, hi)
 
 
 def rmse(pred: np.ndarray, truth: np.ndarray) -> float:
@@ -645,7 +628,8 @@ def score_service(
 
 
 def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
-    from model.exact import bias_baseline
+    from model.exact import BiasModel
+    from model.online import ITEM_SHRINK, USER_SHRINK
     from training.config import TrainConfig, preset
     from training.data import load_dataset
 
@@ -696,7 +680,7 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     test_held = np.flatnonzero(in_test)
     users_with_test = np.unique(te.rows[in_test])
     # Bias-only fold-in: mu and item biases c fitted on the reduced training set.
-    mu, _, c = bias_baseline(
+    biases = BiasModel.fit(
         tr.rows[keep], tr.cols[keep], tr.values[keep], split.n_users, split.n_items, USER_SHRINK, ITEM_SHRINK
     )
     # The model trained on everything, on every test entry (the held-out users' and the others').
@@ -746,9 +730,10 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
                 for user in users_with_test.tolist():
                     entries = per_user.get(user, np.empty(0, np.int64))
                     stop = len(entries) if n < 0 else min(n, len(entries))
-                    b = bias_user(mu, c, tr.cols[entries[:stop]], tr.values[entries[:stop]])
+                    posted = (tr.cols[entries[:stop]], tr.values[entries[:stop]])
+                    refit = biases.with_users([user], lambda _, posted=posted: posted)
                     pos = np.flatnonzero(te.rows == user)
-                    bias[pos] = bias_predict(mu, b, c, te.cols[pos], lo, hi)
+                    bias[pos] = np.clip(refit.predict(user, te.cols[pos]), lo, hi)
                 sel = test_held[~np.isnan(pred[test_held])]
                 capped = sum(1 for u in users_with_test.tolist() if n > 0 and sizes.get(u, 0) < n)
                 point: dict[str, Any] = {
@@ -818,7 +803,7 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
         "settings_match_base": settings_check,
         "base": str(args.base),
         "base_meta": _base_meta(Path(args.base)),
-        "bias": {"mu": mu, "user_shrink": USER_SHRINK, "item_shrink": ITEM_SHRINK},
+        "bias": {"mu": biases.mu, "user_shrink": biases.user_shrink, "item_shrink": biases.item_shrink},
         "curve": curve,
         "rmse_foldin": full["rmse_foldin"],
         "rmse_trained_in": full["rmse_trained_in"],
@@ -1288,7 +1273,7 @@ def accuracy_section(r: dict[str, Any], figure: Path | None) -> list[str]:
         "users' "
         "u1 test ratings are scored through POST /predict (one request per user).",
         f"- bias-only fold-in: mu + b_i + c_j clipped to [1, 5]; mu = {r['bias']['mu']:.4f} and the item "
-        f"biases c from model.exact.bias_baseline on the reduced training set (user shrink "
+        f"biases c from model.exact.BiasModel.fit on the reduced training set (user shrink "
         f"{r['bias']['user_shrink']:g}, item shrink {r['bias']['item_shrink']:g}), b_i = sum(r - mu - c_j) / "
         "(n_i + 2) over the same posted ratings.",
         f"- scored: the {h['test_entries']} u1 test ratings of the {h['users_with_test_entries']} held-out "

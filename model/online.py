@@ -39,7 +39,7 @@ from scipy.linalg.lapack import dposv
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import Network, nearest_level, softmax
-from model.exact import ExactScorer, bias_baseline
+from model.exact import BiasModel, ExactScorer
 from model.ratings import Ratings
 from model.scorers import Scorer, artifact_scorer
 from model.stream import FORGET
@@ -80,8 +80,8 @@ class OnlineState:
     embedded: np.ndarray
     """(items,) bool: which items have an embedding (every item of the artifact; a new one once the column
     branch could embed it); the others are predicted by `baseline`."""
-    biases: tuple[float, np.ndarray, np.ndarray]
-    """The bias baseline's (mu, user biases, item biases) that predicts items without an embedding."""
+    biases: BiasModel
+    """The bias baseline that predicts items without an embedding."""
     online: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     """user -> item -> the user's latest online rating of it, for the ratings this state includes (every
     item and user index in it exists in this state)."""
@@ -100,9 +100,7 @@ class OnlineState:
 
     def baseline(self, user: int, items: IntArray) -> np.ndarray:
         """The bias baseline's ratings mu + b_user + c_j: (K,)."""
-        mu, b, c = self.biases
-        out: np.ndarray = mu + b[user] + c[items]
-        return out
+        return self.biases.predict(user, items)
 
 
 class FoldIn:
@@ -147,20 +145,18 @@ class FoldIn:
             and (output.baseline_user_shrink, output.baseline_item_shrink) == (USER_SHRINK, ITEM_SHRINK)
         ):
             # The scorer's own baseline is this fit (the same ratings and penalties): held once.
-            self._mu, self._b, self._c = scorer.biases
+            self._bias: BiasModel = scorer.biases
         elif stored is not None and (stored.user_shrink, stored.item_shrink) == (USER_SHRINK, ITEM_SHRINK):
             # Fitted at export (`training.export.write_baseline`): refitting it here took 37 of a worker's
             # 40 s start-up on the synthetic ml-10m matrix (8 M ratings).
-            self._mu = stored.mu
-            self._b, self._c = np.asarray(stored.users, np.float64), np.asarray(stored.items, np.float64)
+            users, items = np.asarray(stored.users, np.float64), np.asarray(stored.items, np.float64)
+            self._bias = BiasModel(stored.mu, users, items, USER_SHRINK, ITEM_SHRINK)
         else:
-            self._mu, self._b, self._c = bias_baseline(
+            self._bias = BiasModel.fit(
                 base.rows, base.cols, base.values, base.n_users, base.n_items, USER_SHRINK, ITEM_SHRINK
             )
         self._lock = threading.Lock()
-        self.state = OnlineState(
-            network, self._base, scorer, 0, self._embedded.copy(), (self._mu, self._b, self._c)
-        )
+        self.state = OnlineState(network, self._base, scorer, 0, self._embedded.copy(), self._bias)
 
     @property
     def n_users(self) -> int:
@@ -277,7 +273,7 @@ class FoldIn:
                 scorer,
                 applied,
                 self._embedded.copy(),
-                (self._mu, self._b.copy(), self._c.copy()),
+                self._bias,  # a new one per refit: never changed in place
                 dict(self._online),  # the inner dicts are never changed, only replaced
                 {**old.changed, **dict.fromkeys(touched_users.tolist(), applied)},
                 applied if items_changed else old.items_changed,
@@ -312,9 +308,9 @@ class FoldIn:
                 "forgotten": np.array(sorted(self._forgotten), dtype=np.int64),
                 "taken_back": np.array(sorted(self._taken_back), dtype=np.int64),
                 "embedded": self._embedded,
-                "mu": np.array([self._mu]),
-                "user_biases": self._b,
-                "item_biases": self._c,
+                "mu": np.array([self._bias.mu]),
+                "user_biases": self._bias.users,
+                "item_biases": self._bias.items,
                 "user_emb": np.asarray(state.network.user_emb),
                 "item_emb": np.asarray(state.network.item_emb),
                 "known_rows": state.known.rows,
@@ -423,14 +419,16 @@ class FoldIn:
         self._forgotten = set(a["forgotten"].tolist())
         self._taken_back = set(a["taken_back"].tolist())
         self._embedded = embedded
-        self._mu, self._b, self._c = float(a["mu"][0]), a["user_biases"].copy(), a["item_biases"].copy()
+        self._bias = BiasModel(
+            float(a["mu"][0]), a["user_biases"].copy(), a["item_biases"].copy(), USER_SHRINK, ITEM_SHRINK
+        )
         self.state = OnlineState(
             network,
             known,
             scorer,
             applied,
             embedded.copy(),
-            (self._mu, self._b.copy(), self._c.copy()),
+            self._bias,
             dict(online),
             changed,
             items_changed,
@@ -600,11 +598,10 @@ class FoldIn:
         biases are the artifact's fit), then of the new items that changed or that a changed user rated
         (given the user biases): one exact ridge step each. Each bias so follows from the current ratings
         alone, not from the order they were folded in (a snapshot's tail folds in as a replay would)."""
-        self._b = _grown(self._b, len(self._users))
-        self._c = _grown(self._c, len(self._items))
-        base, keep, mu, m = self._base, self._keep, self._mu, self.artifact.config.n_items
+        base, keep, m = self._base, self._keep, self.artifact.config.n_items
         rated_new: set[int] = set()
-        for user in users.tolist():
+
+        def artifact_items(user: int) -> tuple[IntArray, np.ndarray]:  # the user's ratings of them
             online = self._online.get(user, {})
             rated_new.update(j for j in online if j >= m)
             ratings = {}
@@ -614,13 +611,17 @@ class FoldIn:
                 ratings = dict(zip(base.cols[pos].tolist(), base.values[pos].tolist(), strict=True))
             ratings.update((j, v) for j, v in online.items() if j < m)
             cols = np.fromiter(ratings.keys(), dtype=np.int64, count=len(ratings))
-            values = np.fromiter(ratings.values(), dtype=np.float64, count=len(ratings))
-            self._b[user] = (values - mu - self._c[cols]).sum() / (len(values) + USER_SHRINK)
-        for item in sorted(rated_new.union(items.tolist())):
-            raters = self._new_items[item]
-            by = np.fromiter(raters.keys(), dtype=np.int64, count=len(raters))
-            values = np.fromiter(raters.values(), dtype=np.float64, count=len(raters))
-            self._c[item] = (values - mu - self._b[by]).sum() / (len(values) + ITEM_SHRINK)
+            return cols, np.fromiter(ratings.values(), dtype=np.float64, count=len(ratings))
+
+        def raters(item: int) -> tuple[IntArray, np.ndarray]:
+            by = self._new_items[item]
+            return (
+                np.fromiter(by.keys(), dtype=np.int64, count=len(by)),
+                np.fromiter(by.values(), dtype=np.float64, count=len(by)),
+            )
+
+        bias = self._bias.grown(len(self._users), len(self._items)).with_users(users.tolist(), artifact_items)
+        self._bias = bias.with_items(sorted(rated_new.union(items.tolist())), raters)
 
 
 def refine_embedding(

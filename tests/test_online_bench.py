@@ -49,16 +49,6 @@ def test_the_dataset_writer_drops_exactly_the_held_out_users_training_ratings(tm
     assert back.user_ids == ["10", "11", "13"]  # a held-out user with test ratings keeps its id
 
 
-def test_bias_only_fold_in_is_the_ridge_rule_on_the_posted_ratings() -> None:
-    mu, c = 3.0, np.array([0.5, -0.5, 0.0])
-    # ((5 - 3 - 0.5) + (2 - 3 + 0.5)) / (2 + 2) = 0.25
-    assert online.bias_user(mu, c, np.array([0, 1]), np.array([5.0, 2.0])) == pytest.approx(0.25)
-    assert online.bias_user(mu, c, np.array([], dtype=np.int64), np.array([])) == 0.0
-    pred = online.bias_predict(mu, 0.25, c, np.array([0, 1, 2]), 1.0, 5.0)
-    assert pred.tolist() == pytest.approx([3.75, 2.75, 3.25])
-    assert online.bias_predict(4.5, 1.0, c, np.array([0]), 1.0, 5.0).tolist() == [5.0]  # clipped
-
-
 def test_summaries_and_rmse() -> None:
     s = online.summarize(range(1, 101))
     assert s["n"] == 100 and s["p50_ms"] == pytest.approx(50.5) and s["p99_ms"] == pytest.approx(99.01)

@@ -15,7 +15,7 @@ from torch import nn
 from model.artifact import HELD_OUT, StoredBiases, artifact_writer, save_baseline, save_known_field
 from model.config import InferenceConfig, ModelConfig
 from model.engine import Network, OnnxNetwork
-from model.exact import ExactScorer, bias_baseline
+from model.exact import BiasModel, ExactScorer
 from model.network import DCMC
 from model.online import ITEM_SHRINK, USER_SHRINK
 from model.ratings import Ratings
@@ -104,9 +104,8 @@ def save_exact_field(scorer: ExactScorer, directory: Path) -> None:
     t = f.t if isinstance(f.t, np.ndarray) else None
     biases = None
     if scorer.biases is not None:
-        mu, users, items = scorer.biases
-        shrink = (scorer.output.baseline_user_shrink, scorer.output.baseline_item_shrink)
-        biases = StoredBiases(*shrink, mu, users, items)
+        b = scorer.biases
+        biases = StoredBiases(b.user_shrink, b.item_shrink, b.mu, b.users, b.items)
     save_known_field(directory, scorer.key.to_json(), f.g, f.h, t, scorer.sparse_tables(), biases)
 
 
@@ -139,10 +138,10 @@ def write_baseline(directory: Path, cfg: ModelConfig, known: Entries) -> None:
     """The bias baseline's fit to the known ratings with the fold-in's penalties (`model.online`), which
     every service worker would otherwise fit at start-up (`model.artifact.BASELINE`)."""
     rows, cols, values = known.rows.astype(np.int64), known.cols.astype(np.int64), known.values
-    mu, users, items = bias_baseline(
+    b = BiasModel.fit(
         rows, cols, np.asarray(values, np.float64), cfg.n_users, cfg.n_items, USER_SHRINK, ITEM_SHRINK
     )
-    save_baseline(directory, StoredBiases(USER_SHRINK, ITEM_SHRINK, mu, users, items))
+    save_baseline(directory, StoredBiases(b.user_shrink, b.item_shrink, b.mu, b.users, b.items))
 
 
 def write_artifact(

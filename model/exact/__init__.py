@@ -77,7 +77,7 @@ from model.exact.affinity import (
     co_rating_rows,
     gram_cost,
 )
-from model.exact.baseline import BIAS_SWEEPS, baseline_mixture, bias_baseline, level_distribution
+from model.exact.baseline import BIAS_SWEEPS, BiasModel, baseline_mixture, bias_baseline, level_distribution
 from model.exact.field import KnownField, LevelInterpolation, known_field, scaled_messages
 from model.exact.lines import Lines
 from model.exact.messages import (
@@ -131,6 +131,7 @@ __all__ = [
     "PRODUCT_UNITS_PER_PAIR",
     "QUERY_CHUNK",
     "Affinity",
+    "BiasModel",
     "ClampedRows",
     "CoRatingGram",
     "ColumnMajor",

@@ -5,6 +5,9 @@ The maths: the package docstring (model/exact/__init__.py) and docs/model.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
 import numpy as np
 
 from model.types import FloatArray, IntArray
@@ -44,6 +47,69 @@ def bias_baseline(
         if moved < tol:
             break
     return mu, b, c
+
+
+Ratings = Callable[[int], tuple[IntArray, FloatArray]]
+"""A line's known ratings: (the other side's indexes, the values), e.g. a user's (items, ratings)."""
+
+
+@dataclass(frozen=True)
+class BiasModel:
+    """The bias baseline mu + b_user + c_item with its ridge penalties: fitted to known ratings (`fit`),
+    refitted for the users or items whose ratings changed (`with_users`, `with_items`: one exact ridge
+    step each, given the other side's biases), read as predictions (`predict`, which `baseline_mixture`
+    mixes into distributions). One definition for the export, the exact scorer, the fold-in and the
+    service."""
+
+    mu: float
+    users: FloatArray
+    items: FloatArray
+    user_shrink: float
+    item_shrink: float
+
+    @classmethod
+    def fit(
+        cls,
+        rows: IntArray,
+        cols: IntArray,
+        values: FloatArray,
+        n_users: int,
+        n_items: int,
+        user_shrink: float,
+        item_shrink: float,
+    ) -> BiasModel:
+        """`bias_baseline` of these ratings."""
+        mu, users, items = bias_baseline(rows, cols, values, n_users, n_items, user_shrink, item_shrink)
+        return cls(mu, users, items, user_shrink, item_shrink)
+
+    def predict(self, users: IntArray | int, items: IntArray) -> FloatArray:
+        """mu + b_user + c_item of (users[k], items[k]) (or of one user's items): (K,)."""
+        out: FloatArray = self.items[items] + (self.mu + self.users[users])
+        return out
+
+    def grown(self, n_users: int, n_items: int) -> BiasModel:
+        """With zero biases for the users and items added up to these counts (copies)."""
+        users, items = np.zeros(n_users), np.zeros(n_items)
+        users[: len(self.users)], items[: len(self.items)] = self.users, self.items
+        return BiasModel(self.mu, users, items, self.user_shrink, self.item_shrink)
+
+    def with_users(self, users: Iterable[int], ratings_of: Ratings) -> BiasModel:
+        """The users' biases refitted to their ratings (`ratings_of(user)`: items, values) given the item
+        biases: b = sum (r - mu - c_j) / (n + user_shrink). The arrays are copies."""
+        b = self.users.copy()
+        for user in users:
+            cols, values = ratings_of(int(user))
+            b[user] = (values - self.mu - self.items[cols]).sum() / (len(values) + self.user_shrink)
+        return BiasModel(self.mu, b, self.items, self.user_shrink, self.item_shrink)
+
+    def with_items(self, items: Iterable[int], ratings_of: Ratings) -> BiasModel:
+        """The items' biases refitted to their ratings (`ratings_of(item)`: users, values) given the user
+        biases."""
+        c = self.items.copy()
+        for item in items:
+            rows, values = ratings_of(int(item))
+            c[item] = (values - self.mu - self.users[rows]).sum() / (len(values) + self.item_shrink)
+        return BiasModel(self.mu, self.users, c, self.user_shrink, self.item_shrink)
 
 
 def _level_split(values: np.ndarray, levels: np.ndarray) -> tuple[IntArray, FloatArray]:

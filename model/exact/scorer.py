@@ -24,7 +24,7 @@ from model.engine import (
     row_products,
 )
 from model.exact.affinity import Affinity, CoRatingGram, SparseAffinity, co_rating_affinity, co_rating_rows
-from model.exact.baseline import baseline_mixture, bias_baseline
+from model.exact.baseline import BiasModel, baseline_mixture
 from model.exact.field import KnownField, LevelInterpolation, known_field
 from model.exact.lines import Lines
 from model.exact.messages import ClampedRows, ColumnMajor, Distributions, FactorizedGraph, clamped_sums
@@ -107,7 +107,7 @@ class ExactParts:
         self._grams: dict[str, CoRatingGram] = {}
         self._per_label: tuple[FloatArray, FloatArray] | None = None
         self._label_matrix: sp.csr_matrix | None = None
-        self._biases: dict[tuple[float, float], tuple[float, FloatArray, FloatArray]] = {}
+        self._biases: dict[tuple[float, float], BiasModel] = {}
 
     def table(self, what: str, power: float, shrink: float) -> Affinity:
         """The co-rating table of the items (`items`) or of the users (`users`)."""
@@ -138,12 +138,12 @@ class ExactParts:
         g: FloatArray = np.einsum("ul,lde->ude", compat, per_label)
         return g, h
 
-    def biases(self, user_shrink: float, item_shrink: float) -> tuple[float, FloatArray, FloatArray]:
-        """`bias_baseline` of the known ratings with these penalties."""
+    def biases(self, user_shrink: float, item_shrink: float) -> BiasModel:
+        """The bias baseline of the known ratings with these penalties."""
         key = (user_shrink, item_shrink)
         if key not in self._biases:
             known, net = self.known, self.network
-            self._biases[key] = bias_baseline(
+            self._biases[key] = BiasModel.fit(
                 known.rows, known.cols, known.values, net.n_users, net.n_items, user_shrink, item_shrink
             )
         return self._biases[key]
@@ -224,23 +224,17 @@ class ExactScorer:
         else:
             self.field = self._known_field(scale)
             self.field_source = "computed"
-        self.biases: tuple[float, FloatArray, FloatArray] | None = None
+        self.biases: BiasModel | None = None
         same_known = stored_key is not None and stored_key.n_known == len(known)
         kept = stored.biases if stored is not None and same_known else None
         penalties = (output.baseline_user_shrink, output.baseline_item_shrink)
         if output.baseline > 0 and parts is not None:
             self.biases = parts.biases(*penalties)
         elif output.baseline > 0 and kept is not None and (kept.user_shrink, kept.item_shrink) == penalties:
-            self.biases = (kept.mu, kept.users, kept.items)  # the artifact's fit to these ratings
+            self.biases = BiasModel(kept.mu, kept.users, kept.items, *penalties)  # the artifact's fit
         elif output.baseline > 0:
-            self.biases = bias_baseline(
-                known.rows,
-                known.cols,
-                known.values,
-                network.n_users,
-                network.n_items,
-                output.baseline_user_shrink,
-                output.baseline_item_shrink,
+            self.biases = BiasModel.fit(
+                known.rows, known.cols, known.values, network.n_users, network.n_items, *penalties
             )
 
     def updated(
@@ -324,14 +318,12 @@ class ExactScorer:
             new.field = new._known_field(scale)
         new.field_source = "online"
         if self.biases is not None:
-            mu, old_b, old_c = self.biases
-            b, c = np.zeros(network.n_users), np.zeros(network.n_items)
-            b[: len(old_b)], c[: len(old_c)] = old_b, old_c
-            for user in users:
-                pos = known.by_row.of(int(user))
-                residual = known.values[pos] - mu - c[known.cols[pos]]
-                b[user] = residual.sum() / (len(pos) + self.output.baseline_user_shrink)
-            new.biases = (mu, b, c)
+
+            def rated(user: int) -> tuple[IntArray, FloatArray]:
+                pos = known.by_row.of(user)
+                return known.cols[pos], known.values[pos]
+
+            new.biases = self.biases.grown(network.n_users, network.n_items).with_users(users.tolist(), rated)
         return new
 
     def _terms(self, users: IntArray, items: IntArray) -> tuple[FloatArray, FloatArray]:
@@ -491,8 +483,7 @@ class ExactScorer:
         dist = posterior(np.array(parts.scores[cols], dtype=np.float64, order="C"), msg, self.crf.gamma)
         if self.biases is None:
             return dist, None
-        mu, user_bias, item_bias = self.biases
-        return dist, item_bias[cols] + (mu + user_bias[user])
+        return dist, self.biases.predict(user, cols)
 
     def _column_terms(self, user: int, cols: IntArray, with_total: bool) -> FloatArray:
         """The column terms (same-item, user co-rating) of one user's queries: sum over the known l on
@@ -547,6 +538,4 @@ class ExactScorer:
             )
         if self.biases is None:
             return dist, None
-        mu, user_bias, item_bias = self.biases
-        user_part = user_bias[rows] if user is None else user_bias[user]  # one user's: a number
-        return dist, item_bias[cols] + (mu + user_part)
+        return dist, self.biases.predict(rows if user is None else user, cols)  # one user's: a number

@@ -148,10 +148,10 @@ def test_the_artifact_keeps_the_baseline_fit_and_a_worker_reads_it_instead_of_re
     stored = _load_known_field(ArtifactFiles.present(tmp_path), config, len(known))
     assert stored is not None and stored.biases is not None
     assert (stored.biases.user_shrink, stored.biases.item_shrink) == (1.5, 4.0)
-    np.testing.assert_array_equal(stored.biases.users, scorer.biases[1])
+    np.testing.assert_array_equal(stored.biases.users, scorer.biases.users)
     fits: list[float] = []
     fit = exact.bias_baseline
-    monkeypatch.setattr(exact.scorer, "bias_baseline", lambda *a, **k: fits.append(a[5]) or fit(*a, **k))
+    monkeypatch.setattr(exact.baseline, "bias_baseline", lambda *a, **k: fits.append(a[5]) or fit(*a, **k))
     served = build_scorer(network, known, mixed, stored)
     assert fits == []  # read, not refitted
     np.testing.assert_array_equal(predict_distributions(network, served, rows, cols), want)
@@ -196,3 +196,20 @@ def test_out_of_range_baseline_settings_are_refused(changes: dict[str, float], f
         InferenceConfig.from_dict({"mode": "exact", "output": changes})
     with pytest.raises(ConfigError, match=rf"output\.{field}\b"):
         InferenceConfig(mode="exact").with_overrides({f"output.{k}": v for k, v in changes.items()})
+
+
+def test_the_bias_model_refits_users_and_items_by_the_ridge_rule() -> None:
+    model = exact.BiasModel(3.0, np.array([0.0, 0.1]), np.array([0.5, -0.5, 0.0]), 2.0, 5.0)
+    grown = model.grown(3, 4)  # a new user and a new item, biases 0
+    assert grown.users.tolist() == [0.0, 0.1, 0.0] and grown.items.tolist() == [0.5, -0.5, 0.0, 0.0]
+    # ((5 - 3 - 0.5) + (2 - 3 + 0.5)) / (2 + 2) = 0.25; no ratings: 0
+    users = grown.with_users(
+        [2, 1],
+        {2: (np.array([0, 1]), np.array([5.0, 2.0])), 1: (np.array([], np.int64), np.array([]))}.__getitem__,
+    )
+    assert users.users.tolist() == pytest.approx([0.0, 0.0, 0.25]) and grown.users[1] == 0.1  # a copy
+    # (4 - 3 - 0.25) / (1 + 5) = 0.125 for item 3 rated 4 by user 2
+    items = users.with_items([3], lambda item: (np.array([2]), np.array([4.0])))
+    assert items.items[3] == pytest.approx(0.125)
+    assert items.predict(2, np.array([0, 3])).tolist() == pytest.approx([3.75, 3.375])
+    assert items.predict(np.array([0, 2]), np.array([1, 1])).tolist() == pytest.approx([2.5, 2.75])
