@@ -103,26 +103,82 @@ class KnownField:
         products: Products | None = None,
         similar: Callable[[int], FloatArray] | None = None,
     ) -> tuple[FloatArray, FloatArray | None]:
-        """The messages of this field to the queries (rows[k], cols[k]) (`_messages`, from the anchor
-        levels when it has them), and, for one user's queries, what else `products` read in the same pass
-        over the item rows (`_messages`; `similar`: `Lines.messages`)."""
+        """The messages of this field to the queries (rows[k], cols[k]) under its scaling (`sum` as is,
+        `scaled` times `scale`, `normalized` divided by sum_l s(k, l): (K, p)), from the anchor levels when
+        it has them; with active `lines`, the kernel's same-user and same-item terms over the known
+        entries' transformed distributions `t` join both the messages and the normaliser, and the
+        co-rating pseudo-count adds (lambda_r + lambda_c) c to the normaliser alone. For queries of one
+        user, also the columns that `products` read after the field's (None for other queries, or when it
+        read none): `products(vectors, cols)` reads b_{cols[k]} . vectors[u] for one user's queries, and
+        may append more columns of the same pass over the item rows (`user_distributions`: the decoder's
+        scores); `row_products` of b by default. `similar`: `Lines.messages`."""
         g = self.g if self.interp is None or self.g_anchors is None else self.g_anchors
-        return _messages(
-            g,
+        h, scaling, scale, t, interp, columns = (
             self.h,
             self.scaling,
             self.scale,
-            a,
-            b,
-            rows,
-            cols,
-            lines,
             self.t,
             self.interp,
             self.columns,
-            products,
-            similar,
         )
+        normalized = scaling == "normalized"
+        if lines is not None and lines.active and t is None:
+            raise ValueError("the kernel's line terms need the known entries' distributions")
+        # The field's levels and the normaliser read the same (query, known) similarities, and for one user's
+        # queries so does the same-user term (b_j . sum over the user's l of b_{j_l} t_l): one pass over the
+        # queries' item embeddings for all of them (a whole-catalogue query reads the item table once).
+        stacked = np.concatenate([g, h[None]]) if normalized else g
+        row = one_row(rows)
+        own = False  # whether the same-user term was read with the field
+        probed: FloatArray | None = None
+        if row is not None:
+            vectors = np.matmul(a[row], stacked)  # (levels [+ total], D): forms[k] = b_{cols[k]} . vectors
+            if lines is not None and lines.same_user > 0 and t is not None:
+                # The same-user term is b_j . (lambda_u sum over the user's l of t_l b_{j_l}): read as part
+                # of the field's vectors, it costs no column of its own. Under `interp` its levels follow
+                # from the anchors' like the field's do (t is quadratic in L_u alike).
+                sums = lines.user_sums(row, t, b, normalized)  # (p [+ total], D)
+                if interp is not None:
+                    sums = np.concatenate([sums[interp.anchors], sums[len(interp.weights) :]])
+                vectors = vectors + lines.same_user * sums
+                own = True
+            read = products(vectors, cols) if products is not None else row_products(b, vectors, cols)
+            forms = read[:, : len(vectors)]
+            probed = read[:, len(vectors) :] if read.shape[1] > len(vectors) else None
+        else:
+            forms = read_messages(stacked, a, b, rows, cols)
+        total: FloatArray | None = None
+        msg = forms
+        if normalized:
+            msg, total = forms[:, :-1], forms[:, -1]
+        if interp is not None:
+            msg = msg @ interp.weights.T
+        owned = False  # whether msg is a float64 array of this call's own (divided in place)
+        if lines is not None and lines.active and t is not None:
+            # `extra` is a new array of the line terms' (and with `normalized`, the normaliser's) sums: the
+            # field's messages join it in place (a catalogue's (m, p) arrays are 1e6 numbers: each pass
+            # counts).
+            extra = lines.messages(t, a, b, rows, cols, normalized, columns, not own, similar)
+            p = t.shape[1]
+            for u in range(p):  # level by level: numpy's loops over rows of p numbers cost per row
+                extra[:, u] += msg[:, u]
+            msg, owned = extra[:, :p], True
+            if normalized:
+                assert total is not None
+                denom = extra[:, p]
+                denom += total
+                denom += lines.prior_weight
+                total = denom
+        if scaling == "scaled":
+            return msg * scale, probed
+        if total is not None:
+            norm = np.maximum(total, 1e-12)
+            if owned:
+                for u in range(msg.shape[1]):  # level by level, as above
+                    msg[:, u] /= norm
+                return msg, probed
+            return msg / norm[:, None], probed
+        return msg, probed
 
     def stacked(self, with_total: bool) -> FloatArray:
         """g, then h after it when `with_total`: (p [+ 1], D, D), made once per field."""
@@ -163,95 +219,10 @@ def scaled_messages(
     cols: np.ndarray,
     lines: Lines | None = None,
     t: Distributions | None = None,
-    interp: LevelInterpolation | None = None,
-    columns: ColumnMajor | None = None,
 ) -> np.ndarray:
-    """Messages to (rows, cols) under a scaling: `sum` as is, `scaled` times `scale`, `normalized` divided
-    by sum_l s(k, l): (K, p). With active `lines`, the kernel's same-user and same-item terms over the
-    known entries' transformed distributions `t` (N, p) join both the messages and the normaliser, and
-    the co-rating pseudo-count adds (lambda_r + lambda_c) c to the normaliser alone. With `interp`, g holds
-    only the anchor levels' matrices and the others follow from them."""
-    msg, _ = _messages(g, h, scaling, scale, a, b, rows, cols, lines, t, interp, columns)
+    """`KnownField.messages` of the field (g, h, t) under a scaling, to (rows, cols): (K, p)."""
+    msg, _ = KnownField(g=g, h=h, scaling=scaling, scale=scale, t=t).messages(a, b, rows, cols, lines)
     return msg
-
-
-def _messages(
-    g: np.ndarray,
-    h: np.ndarray,
-    scaling: str,
-    scale: float,
-    a: np.ndarray,
-    b: np.ndarray,
-    rows: np.ndarray,
-    cols: np.ndarray,
-    lines: Lines | None = None,
-    t: Distributions | None = None,
-    interp: LevelInterpolation | None = None,
-    columns: ColumnMajor | None = None,
-    products: Products | None = None,
-    similar: Callable[[int], FloatArray] | None = None,
-) -> tuple[FloatArray, FloatArray | None]:
-    """`scaled_messages`, and, for queries of one user, the columns that `products` read after the
-    field's (None for other queries, or when it read none). `products(vectors, cols)` reads
-    b_{cols[k]} . vectors[u] for one user's queries, and may append more columns of the same pass over the
-    item rows (`user_distributions`: the decoder's scores); `row_products` of b by default."""
-    normalized = scaling == "normalized"
-    if lines is not None and lines.active and t is None:
-        raise ValueError("the kernel's line terms need the known entries' distributions")
-    # The field's levels and the normaliser read the same (query, known) similarities, and for one user's
-    # queries so does the same-user term (b_j . sum over the user's l of b_{j_l} t_l): one pass over the
-    # queries' item embeddings for all of them (a whole-catalogue query reads the item table once).
-    stacked = np.concatenate([g, h[None]]) if normalized else g
-    row = one_row(rows)
-    own = False  # whether the same-user term was read with the field
-    probed: FloatArray | None = None
-    if row is not None:
-        vectors = np.matmul(a[row], stacked)  # (levels [+ total], D): forms[k] = b_{cols[k]} . vectors
-        if lines is not None and lines.same_user > 0 and t is not None:
-            # The same-user term is b_j . (lambda_u sum over the user's l of t_l b_{j_l}): read as part
-            # of the field's vectors, it costs no column of its own. Under `interp` its levels follow
-            # from the anchors' like the field's do (t is quadratic in L_u alike).
-            sums = lines.user_sums(row, t, b, normalized)  # (p [+ total], D)
-            if interp is not None:
-                sums = np.concatenate([sums[interp.anchors], sums[len(interp.weights) :]])
-            vectors = vectors + lines.same_user * sums
-            own = True
-        read = products(vectors, cols) if products is not None else row_products(b, vectors, cols)
-        forms = read[:, : len(vectors)]
-        probed = read[:, len(vectors) :] if read.shape[1] > len(vectors) else None
-    else:
-        forms = read_messages(stacked, a, b, rows, cols)
-    total: FloatArray | None = None
-    msg = forms
-    if normalized:
-        msg, total = forms[:, :-1], forms[:, -1]
-    if interp is not None:
-        msg = msg @ interp.weights.T
-    owned = False  # whether msg is a float64 array of this call's own (divided in place)
-    if lines is not None and lines.active and t is not None:
-        # `extra` is a new array of the line terms' (and with `normalized`, the normaliser's) sums: the
-        # field's messages join it in place (a catalogue's (m, p) arrays are 1e6 numbers: each pass counts).
-        extra = lines.messages(t, a, b, rows, cols, normalized, columns, not own, similar)
-        p = t.shape[1]
-        for u in range(p):  # level by level: numpy's loops over rows of p numbers cost per row
-            extra[:, u] += msg[:, u]
-        msg, owned = extra[:, :p], True
-        if normalized:
-            assert total is not None
-            denom = extra[:, p]
-            denom += total
-            denom += lines.prior_weight
-            total = denom
-    if scaling == "scaled":
-        return msg * scale, probed
-    if total is not None:
-        norm = np.maximum(total, 1e-12)
-        if owned:
-            for u in range(msg.shape[1]):  # level by level, as above
-                msg[:, u] /= norm
-            return msg, probed
-        return msg / norm[:, None], probed
-    return msg, probed
 
 
 def known_field(

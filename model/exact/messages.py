@@ -36,8 +36,8 @@ FEW_USERS = 16
 
 
 Products = Callable[[FloatArray, IntArray], FloatArray]
-"""(vectors (q, D), cols (K,)) -> b_{cols[k]} . vectors[u]: (K, q), the item rows' read of `_messages`,
-followed by any other columns its caller reads in the same pass: (K, q + r)."""
+"""(vectors (q, D), cols (K,)) -> b_{cols[k]} . vectors[u]: (K, q), the item rows' read of
+`KnownField.messages`, followed by any other columns its caller reads in the same pass: (K, q + r)."""
 
 
 class FactorizedGraph:
