@@ -599,11 +599,11 @@ class FoldIn:
         (given the user biases): one exact ridge step each. Each bias so follows from the current ratings
         alone, not from the order they were folded in (a snapshot's tail folds in as a replay would)."""
         base, keep, m = self._base, self._keep, self.artifact.config.n_items
-        rated_new: set[int] = set()
+        touched = users.tolist()
+        rated_new = {j for user in touched for j in self._online.get(user, {}) if j >= m}
 
         def artifact_items(user: int) -> tuple[IntArray, np.ndarray]:  # the user's ratings of them
             online = self._online.get(user, {})
-            rated_new.update(j for j in online if j >= m)
             ratings = {}
             if user < base.n_users:
                 pos = base.by_row.of(user)
@@ -620,7 +620,7 @@ class FoldIn:
                 np.fromiter(by.values(), dtype=np.float64, count=len(by)),
             )
 
-        bias = self._bias.grown(len(self._users), len(self._items)).with_users(users.tolist(), artifact_items)
+        bias = self._bias.grown(len(self._users), len(self._items)).with_users(touched, artifact_items)
         self._bias = bias.with_items(sorted(rated_new.union(items.tolist())), raters)
 
 

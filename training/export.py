@@ -102,10 +102,7 @@ def save_exact_field(scorer: ExactScorer, directory: Path) -> None:
     entries' follows from their labels)."""
     f = scorer.field
     t = f.t if isinstance(f.t, np.ndarray) else None
-    biases = None
-    if scorer.biases is not None:
-        b = scorer.biases
-        biases = StoredBiases(b.user_shrink, b.item_shrink, b.mu, b.users, b.items)
+    biases = None if scorer.biases is None else _stored(scorer.biases)
     save_known_field(directory, scorer.key.to_json(), f.g, f.h, t, scorer.sparse_tables(), biases)
 
 
@@ -141,7 +138,12 @@ def write_baseline(directory: Path, cfg: ModelConfig, known: Entries) -> None:
     b = BiasModel.fit(
         rows, cols, np.asarray(values, np.float64), cfg.n_users, cfg.n_items, USER_SHRINK, ITEM_SHRINK
     )
-    save_baseline(directory, StoredBiases(b.user_shrink, b.item_shrink, b.mu, b.users, b.items))
+    save_baseline(directory, _stored(b))
+
+
+def _stored(biases: BiasModel) -> StoredBiases:
+    """A bias model in the artifact's on-disk form."""
+    return StoredBiases(biases.user_shrink, biases.item_shrink, biases.mu, biases.users, biases.items)
 
 
 def write_artifact(
