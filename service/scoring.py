@@ -155,15 +155,18 @@ class UserRow:
 
 class UserRows:
     """Users' rows over the whole catalogue for one model state, least recently used first out, within
-    `max_bytes`. A row is only worth its cost (the whole catalogue, ~3x a 100-item request on ML-100K) for a
-    user who comes back: `admit` says yes on a user's second miss in a state. A new state (any online
-    rating: the known field is global, so every answer moves) empties it."""
+    `max_bytes`. A row costs the whole catalogue (17x a 100-item request on ML-100K) and serves only
+    while its state lasts: a new state (any online rating: the known field is global, so every answer
+    moves) empties it. So a row is computed as a ski rental buys (`admit`): once the user's misses in the
+    state have computed as many entries as the row holds. A user who keeps coming back while the state
+    lasts gets a row after a few requests; under a stream of ratings, when states last a fraction of a
+    second, misses stay cheaper than rows that would die unread."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._state: OnlineState | None = None
         self._rows: OrderedDict[int, UserRow] = OrderedDict()
-        self._missed: set[int] = set()
+        self._missed: dict[int, int] = {}  # user -> entries its misses computed in this state
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -187,18 +190,21 @@ class UserRows:
                 self._rows.move_to_end(user)
             return row
 
-    def admit(self, state: OnlineState, user: int) -> bool:
-        """Whether a miss of `user` in `state` should compute and keep the whole row (its second miss)."""
+    def admit(self, state: OnlineState, user: int, entries: int, size: int) -> bool:
+        """Whether a miss of `user` in `state` that asks for `entries` should compute and keep the whole
+        row of `size` entries instead: when the user's earlier misses in this state and this one add up to
+        the row's size (else this miss is counted and answered alone)."""
         if self.max_bytes <= 0:
             return False
         with self._lock:
             if not self._current(state):
                 return False
-            if user in self._missed:
+            spent = self._missed.get(user, 0) + entries
+            if spent >= size:
                 return True
             if len(self._missed) >= 1_000_000:  # bounded even under a scan of many users
                 self._missed.clear()
-            self._missed.add(user)
+            self._missed[user] = spent
             return False
 
     def put(self, state: OnlineState, user: int, row: UserRow) -> None:
@@ -632,7 +638,7 @@ class ServedModel:
         one (`UserRows`): the same numbers to rounding."""
         state = state or self.fold.state  # one consistent model for the whole request
         row = self.rows.get(state, user)
-        if row is None and self.rows.admit(state, user):
+        if row is None and self.rows.admit(state, user, len(items), state.known.n_items):
             row = self._row(state, user)
             self._row_fill.inc()
         elif row is not None:

@@ -102,9 +102,10 @@ class Settings(BaseSettings):
     `DCMC_INFERENCE__CRF__GAMMA=2`, `DCMC_INFERENCE__KERNEL__CO_RATING=0` (names and meanings in
     docs/inference.md; an unknown name stops start-up with the list of valid ones)."""
     user_cache_mb: float = Field(default=64.0, ge=0)
-    """Per-worker memory for users' predictions over the whole catalogue (POST /predict answers a user's
-    second request of a model state from it; GET /recommend fills it); 0 = off. Every online rating starts
-    a new model state and so empties it (answers stay exact)."""
+    """Per-worker memory for users' predictions over the whole catalogue (POST /predict computes a user's
+    row once the user's requests in one model state have asked for as many predictions as it holds, and
+    answers from it after; GET /recommend fills it); 0 = off. Every online rating starts a new model state
+    and so empties it (answers stay exact)."""
     user_parts_mb: float = Field(default=128.0, ge=0)
     """Per-worker memory for the part of users' answers that other users' ratings leave as it is (the
     decoder's scores and the row terms over the whole catalogue, `exact` mode): POST /predict answers a

@@ -67,9 +67,10 @@ def test_a_well_formed_request_is_answered_without_the_route(exact_app: App) -> 
     state = exact_app.client.app.state  # type: ignore[attr-defined]
     down = Downstream()
     body = {"user": "u2", "items": ITEMS, "distribution": True}
-    # The user's second miss caches the whole row, whose numbers equal a direct answer's only to rounding
-    # (test_user_rows.py): a first answer here, so that every answer compared below comes from the row.
-    answer(state.scorer, state.settings, "u2", ITEMS, True)
+    # The user's whole row is cached once its misses add up to the catalogue, and its numbers equal a
+    # direct answer's only to rounding (test_user_rows.py): the row first, so that every answer compared
+    # below comes from it.
+    state.scorer.row(state.scorer.user_index("u2"))
     sent = _call(FastPath(down, state), json.dumps(body).encode())
     assert down.bodies == []
     assert sent[0]["status"] == 200

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from model.artifact import load_artifact
 from service.scoring import UserRow, UserRows
 from tests.service.conftest import App, RedisServer
 
@@ -34,15 +35,18 @@ def _row(n: int) -> UserRow:
     return UserRow(np.zeros(n), np.zeros((n, 5)), np.zeros(n, dtype=bool), False)
 
 
-def test_a_user_is_admitted_on_the_second_miss_of_a_state() -> None:
+def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> None:
     rows, state = UserRows(10**6), FakeState(0)
-    assert not rows.admit(state, 7)  # type: ignore[arg-type]
-    assert rows.admit(state, 7)  # type: ignore[arg-type]
+    assert not rows.admit(state, 7, 40, 100)  # type: ignore[arg-type]
+    assert not rows.admit(state, 7, 40, 100)  # type: ignore[arg-type]  # 80 of the row's 100 entries
+    assert not rows.admit(state, 8, 90, 100)  # type: ignore[arg-type]  # each user's misses on their own
+    assert rows.admit(state, 7, 40, 100)  # type: ignore[arg-type]  # 120 >= 100: the row is worth it
+    assert rows.admit(state, 9, 100, 100)  # type: ignore[arg-type]  # a whole-catalogue miss at once
     rows.put(state, 7, _row(10))  # type: ignore[arg-type]
     assert rows.get(state, 7) is not None  # type: ignore[arg-type]
     newer = FakeState(1)
     assert rows.get(newer, 7) is None  # type: ignore[arg-type]
-    assert not rows.admit(newer, 7)  # type: ignore[arg-type]  # a new state: a first miss again
+    assert not rows.admit(newer, 8, 90, 100)  # type: ignore[arg-type]  # a new state: misses count anew
     assert len(rows) == 0
     rows.put(state, 8, _row(10))  # type: ignore[arg-type]  # a request still on the old state
     assert len(rows) == 0 and rows.get(state, 8) is None  # type: ignore[arg-type]
@@ -61,7 +65,7 @@ def test_the_byte_budget_drops_the_least_recently_used_rows() -> None:
     rows.put(state, 9, _row(400))  # type: ignore[arg-type]  # larger than the whole budget: not kept
     assert rows.get(state, 9) is None  # type: ignore[arg-type]
     off = UserRows(0)
-    assert not off.admit(state, 1) and not off.admit(state, 1)  # type: ignore[arg-type]
+    assert not off.admit(state, 1, 100, 100) and not off.admit(state, 1, 100, 100)  # type: ignore[arg-type]
 
 
 @pytest.fixture()
@@ -89,13 +93,16 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
         _app(tiny_artifact, redis_server) as api,
         _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
     ):
-        first, second, third = (_predict(api, "u3") for _ in range(3))
-        assert api.metric("dcmc_user_rows_total", event="fill") == 1  # computed on the second request
-        assert api.metric("dcmc_user_rows_total", event="hit") == 1  # read on the third
+        # The request whose misses add up to the catalogue computes the row; the next reads it.
+        misses = -(-load_artifact(tiny_artifact).config.n_items // len(ITEMS))
+        answers = [_predict(api, "u3") for _ in range(misses + 1)]
+        assert api.metric("dcmc_user_rows_total", event="fill") == 1
+        assert api.metric("dcmc_user_rows_total", event="hit") == 1
+        third = answers[-1]
         reference = _predict(plain, "u3")
         assert plain.metric("dcmc_user_rows_total", event="hit") == 0
         assert plain.metric("dcmc_user_rows_total", event="parts_fill") == 0
-        for got in (first, second, third):
+        for got in answers:
             np.testing.assert_allclose(got, reference, rtol=0, atol=1e-9)
         # Another user's rating moves every answer (the known field is global): the cached row must go.
         r = api.client.post(
@@ -109,7 +116,8 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # not answered from the old row
         plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]  # its stream reader
         np.testing.assert_allclose(after, _predict(plain, "u3"), rtol=0, atol=1e-9)
-        _predict(api, "u3")
+        for _ in range(misses - 1):
+            _predict(api, "u3")
         np.testing.assert_allclose(_predict(api, "u3"), after, rtol=0, atol=1e-9)
         assert api.metric("dcmc_user_rows_total", event="hit") == 2
 
@@ -135,17 +143,19 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
         assert r.status_code == 200, r.text
         body = {"user": "u5", "items": ["i1", "fresh"], "distribution": True}
         wait = {"after": r.json()["last_id"]}
+        # Until the misses add up to the catalogue (51 items now: 26 requests of 2), then one from the row.
         answers = [
-            api.client.post("/predict", json=body, params=wait).json()["predictions"] for _ in range(3)
+            api.client.post("/predict", json=body, params=wait).json()["predictions"] for _ in range(27)
         ]
-        assert api.metric("dcmc_user_rows_total", event="hit") == 1  # the third came from the row
+        assert api.metric("dcmc_user_rows_total", event="fill") == 1
+        assert api.metric("dcmc_user_rows_total", event="hit") == 1  # the last came from the row
         for first, fresh in answers:
             assert "fallback" not in first and fresh["fallback"] == "baseline"
         ratings = [[p["rating"] for p in a] for a in answers]
         # (a row reads the whole catalogue's item embeddings in float32: equal to about 1e-7)
-        np.testing.assert_allclose(ratings[2], ratings[0], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(ratings[-1], ratings[0], rtol=0, atol=1e-6)
         dists = [[p["distribution"] for p in a] for a in answers]  # the new item's: the baseline's alone
-        np.testing.assert_allclose(dists[2], dists[0], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(dists[-1], dists[0], rtol=0, atol=1e-6)
 
 
 def test_parts_outlive_other_users_ratings_and_answer_as_the_uncached_path(
