@@ -241,6 +241,47 @@ class Network:
         object.__setattr__(self, "item_lifted", lift(items / norms[:, None]))  # normalize_rows, the same
         object.__setattr__(self, "catalogue_scale", np.float32(1.0 / np.sqrt(2.0)) / norms.astype(np.float32))
 
+    def with_rows(
+        self,
+        user_emb: FloatArray,
+        item_emb: FloatArray,
+        users: IntArray,
+        items: IntArray,
+        item_table: np.ndarray | None = None,
+    ) -> Network:
+        """A network of the same config and decoder with these embeddings, which differ from this one's on
+        the rows `users` and `items` alone and may have rows appended: what derives from them is copied
+        and computed for those rows and the appended ones only (an online batch's cost, not the whole
+        tables'), the same numbers as `Network(...)` of them."""
+        out = Network.__new__(Network)
+        derived = {"config": self.config, "bilinear": self.bilinear, "item_table": item_table}
+        for name, x in (("user_emb", user_emb), ("item_emb", item_emb)):
+            x = np.asarray(x)
+            derived[name] = x if x.dtype == np.float32 else x.astype(np.float64, copy=False)
+        if item_table is None and derived["item_emb"].dtype == np.float32:
+            derived["item_table"] = derived["item_emb"]
+        derived["levels"] = self.levels
+        for side, emb, changed in (("user", user_emb, users), ("item", item_emb, items)):
+            old_norms, old_lifted = getattr(self, f"{side}_norms"), getattr(self, f"{side}_lifted")
+            n_old, n = len(old_norms), len(emb)
+            if n < n_old:
+                raise ValueError(f"the {side} embeddings can only grow")
+            changed = np.asarray(changed, dtype=np.int64)
+            redo = np.union1d(changed[changed < n_old], np.arange(n_old, n))
+            norms = np.empty(n)
+            norms[:n_old] = old_norms
+            lifted = np.empty((n, old_lifted.shape[1]))
+            lifted[:n_old] = old_lifted
+            rows = np.asarray(emb[redo], dtype=np.float64)
+            norms[redo] = np.maximum(np.linalg.norm(rows, axis=1), 1e-12)
+            lifted[redo] = lift(rows / norms[redo][:, None])
+            derived[f"{side}_norms"], derived[f"{side}_lifted"] = norms, lifted
+        scale = np.float32(1.0 / np.sqrt(2.0)) / derived["item_norms"].astype(np.float32)  # (m,): elementwise
+        derived["catalogue_scale"] = scale
+        for name, value in derived.items():
+            object.__setattr__(out, name, value)
+        return out
+
     def user_similarities(self, user: int) -> FloatArray:
         """s_r(user, i) = (1 + cos(u_user, u_i)) / 2 for every user i: (n,) float64, from one product over
         the user embeddings as stored (float32 maps: half the bytes of the lifted rows; to about 1e-7)."""

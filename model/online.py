@@ -576,7 +576,7 @@ class FoldIn:
         # The float32 catalogue that whole-catalogue reads take stays the old one while no item changed.
         same = not len(embedded) and len(item_emb) == old.n_items
         table = old.item_table if same else None
-        return Network(old.config, user_emb, item_emb, old.bilinear, table), embedded, users
+        return old.with_rows(user_emb, item_emb, users, embedded, table), embedded, users
 
     def _ratings_of(self, user: int) -> tuple[IntArray, np.ndarray]:
         """The user's known ratings of items with an embedding: the artifact's (less those re-rated), then

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.engine import nearest_level
 from model.types import FloatArray, IntArray
 
 
@@ -84,6 +85,8 @@ class Ratings:
     n_items: int
     by_row: LineIndex = field(init=False, repr=False)
     by_col: LineIndex = field(init=False, repr=False)
+    _labels: tuple[FloatArray, IntArray] | None = field(default=None, init=False, repr=False)
+    """(levels, `labels(levels)`) once asked for: `changed` carries it forward for what it changed."""
 
     def __post_init__(self) -> None:
         for name in ("rows", "cols"):
@@ -103,6 +106,17 @@ class Ratings:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def labels(self, levels: FloatArray) -> IntArray:
+        """The index of the level nearest to each value (`nearest_level`): (N,) int64, read-only, computed
+        once per levels; ratings made by `changed` compute only their changed and appended values'."""
+        held = self._labels
+        if held is not None and np.array_equal(held[0], levels):
+            return held[1]
+        labels = nearest_level(self.values, levels)
+        labels.flags.writeable = False
+        object.__setattr__(self, "_labels", (np.array(levels, dtype=np.float64), labels))
+        return labels
 
     def changed(
         self,
@@ -136,6 +150,15 @@ class Ratings:
             "by_row": self.by_row.appended(rows, first, n_users),
             "by_col": self.by_col.appended(cols, first, n_items),
         }
+        if self._labels is not None:  # the labels carried forward: only those of the changed values anew
+            levels, old = self._labels
+            labels = np.concatenate([old, nearest_level(np.asarray(added, dtype=np.float64), levels)])
+            at = np.asarray(at, dtype=np.int64)
+            labels[at] = nearest_level(np.asarray(values, dtype=np.float64), levels)
+            labels.flags.writeable = False
+            fields["_labels"] = (levels, labels)
+        else:
+            fields["_labels"] = None
         for name, value in fields.items():
             object.__setattr__(out, name, value)
         return out

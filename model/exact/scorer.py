@@ -19,7 +19,6 @@ from model.config import Crf, KernelSettings, OutputSettings
 from model.engine import (
     Network,
     compatibility_matrix,
-    nearest_level,
     one_row,
     row_products,
 )
@@ -103,7 +102,7 @@ class ExactParts:
     def __init__(self, network: Network, known: Ratings) -> None:
         self.network, self.known = network, known
         self.user_lifted, self.item_lifted = network.user_lifted, network.item_lifted
-        self.labels = nearest_level(known.values, network.levels)
+        self.labels = known.labels(network.levels)
         self._grams: dict[str, CoRatingGram] = {}
         self._per_label: tuple[FloatArray, FloatArray] | None = None
         self._label_matrix: sp.csr_matrix | None = None
@@ -202,7 +201,7 @@ class ExactScorer:
         self.lines = self._lines(stored=stored.tables if stored is not None and matches else None)
         needs_t = self.lines is not None and self.lines.active
         clamped = kernel.known == "clamped"
-        labels = parts.labels if parts is not None else nearest_level(known.values, network.levels)
+        labels = parts.labels if parts is not None else known.labels(network.levels)
         # The item-ordered copy of the clamped entries that one user's catalogue read takes: built once
         # per `parts` (a search's trials share it), not once per trial.
         matrix = None
@@ -298,7 +297,7 @@ class ExactScorer:
             old_g, old_h = self._terms(users, items)
             new_g, new_h = new._terms(users, items)
             lines_on = new.lines is not None and new.lines.active
-            labels = nearest_level(known.values, network.levels)
+            labels = known.labels(network.levels)
             t_all = ClampedRows(labels, self.compat) if lines_on else None
             columns = (
                 ColumnMajor.clamped(known, labels, self.compat)
@@ -333,7 +332,7 @@ class ExactScorer:
         on_rows, _ = known.by_row.members(users[users < known.n_users])
         on_cols, _ = known.by_col.members(items[items < known.n_items])
         pos = np.union1d(on_rows, on_cols)
-        labels = nearest_level(known.values[pos], self.network.levels)
+        labels = known.labels(self.network.levels)[pos]
         sums = clamped_sums(
             self.user_lifted, self.item_lifted, known.rows[pos], known.cols[pos], labels, self.compat
         )
@@ -410,7 +409,7 @@ class ExactScorer:
             known.rows,
             known.cols,
             probs,
-            nearest_level(known.values, net.levels),
+            known.labels(net.levels),
             self.compat,
             self.crf.gamma,
             self.crf.layers,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from model.config import ModelConfig
-from model.engine import Network, label_probabilities
+from model.engine import Network, label_probabilities, nearest_level
 from model.ratings import LineIndex, Ratings, ranges, stable_order
 
 
@@ -121,6 +121,25 @@ def test_network_reads_float32_embeddings_in_float64() -> None:
     np.testing.assert_allclose(np.diag(sim), 1.0)
 
 
+def test_a_network_with_changed_rows_equals_one_built_from_its_embeddings() -> None:
+    rng = np.random.default_rng(2)
+    cfg = ModelConfig(n_users=6, n_items=4, levels=(1, 2, 3), hidden=(3,))
+    user, item = rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=(4, 3)).astype(np.float32)
+    net = Network(cfg, user, item, rng.normal(size=(3, 3, 3)))
+    new_user = np.vstack([user, rng.normal(size=(2, 3))]).astype(np.float64)  # two users appended
+    new_user[[1, 4]] = rng.normal(size=(2, 3))  # two changed
+    new_item = np.vstack([item, rng.normal(size=(1, 3))]).astype(np.float64)
+    new_item[2] = rng.normal(size=3)
+    got = net.with_rows(new_user, new_item, np.array([1, 4, 7]), np.array([2]))
+    want = Network(cfg, new_user, new_item, net.bilinear)
+    for name in ("user_norms", "user_lifted", "item_norms", "item_lifted", "catalogue_scale", "levels"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    assert got.item_table is None and got.user_emb is new_user
+    np.testing.assert_array_equal(net.user_lifted, Network(cfg, user, item, net.bilinear).user_lifted)
+    with pytest.raises(ValueError, match="grow"):
+        net.with_rows(new_user[:5], new_item, np.array([1]), np.array([], dtype=np.int64))
+
+
 def test_changed_ratings_equal_ratings_built_from_their_arrays() -> None:
     before = _ratings(3)
     at = np.array([0, 4])
@@ -149,6 +168,20 @@ def test_changed_ratings_equal_ratings_built_from_their_arrays() -> None:
         np.testing.assert_array_equal(getattr(grown, index).indptr, getattr(rebuilt, index).indptr)
     # the original is left as it was
     np.testing.assert_array_equal(before.values, _ratings(3).values)
+    # labels asked for before the change are carried forward: equal to those computed afresh
+    levels = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    labelled = _ratings(3)
+    first = labelled.labels(levels)
+    assert not first.flags.writeable and labelled.labels(levels) is first  # computed once
+    carried = labelled.changed(
+        at, np.array([5.0, 1.0]), np.array([6, 0, 7, 6]), np.array([4, 4, 1, 0]),
+        np.array([2.0, 3.0, 4.0, 5.0]), 8, 5,
+    )  # fmt: skip
+    np.testing.assert_array_equal(carried.labels(levels), nearest_level(rebuilt.values, levels))
+    np.testing.assert_array_equal(grown.labels(levels), nearest_level(rebuilt.values, levels))
+    np.testing.assert_array_equal(first, nearest_level(_ratings(3).values, levels))  # the original's kept
+    halves = np.arange(1.0, 5.5, 0.5)  # other levels: computed for them
+    np.testing.assert_array_equal(carried.labels(halves), nearest_level(rebuilt.values, halves))
     with pytest.raises(ValueError, match="outside"):
         before.changed(at[:0], values[:0], np.array([9]), np.array([0]), np.array([1.0]), 8, 5)
     with pytest.raises(ValueError, match="grow"):
