@@ -254,13 +254,14 @@ class Network:
         and computed for those rows and the appended ones only (an online batch's cost, not the whole
         tables'), the same numbers as `Network(...)` of them."""
         out = Network.__new__(Network)
-        derived = {"config": self.config, "bilinear": self.bilinear, "item_table": item_table}
+        derived: dict[str, Any] = {"config": self.config, "bilinear": self.bilinear, "levels": self.levels}
+        arrays = {}
         for name, x in (("user_emb", user_emb), ("item_emb", item_emb)):
             x = np.asarray(x)
-            derived[name] = x if x.dtype == np.float32 else x.astype(np.float64, copy=False)
-        if item_table is None and derived["item_emb"].dtype == np.float32:
-            derived["item_table"] = derived["item_emb"]
-        derived["levels"] = self.levels
+            arrays[name] = x if x.dtype == np.float32 else x.astype(np.float64, copy=False)
+        if item_table is None and arrays["item_emb"].dtype == np.float32:
+            item_table = arrays["item_emb"]
+        derived.update(arrays, item_table=item_table)
         for side, emb, changed in (("user", user_emb, users), ("item", item_emb, items)):
             old_norms, old_lifted = getattr(self, f"{side}_norms"), getattr(self, f"{side}_lifted")
             n_old, n = len(old_norms), len(emb)
@@ -276,8 +277,8 @@ class Network:
             norms[redo] = np.maximum(np.linalg.norm(rows, axis=1), 1e-12)
             lifted[redo] = lift(rows / norms[redo][:, None])
             derived[f"{side}_norms"], derived[f"{side}_lifted"] = norms, lifted
-        scale = np.float32(1.0 / np.sqrt(2.0)) / derived["item_norms"].astype(np.float32)  # (m,): elementwise
-        derived["catalogue_scale"] = scale
+        # (m,) elementwise, as `__post_init__` makes it
+        derived["catalogue_scale"] = np.float32(1.0 / np.sqrt(2.0)) / derived["item_norms"].astype(np.float32)
         for name, value in derived.items():
             object.__setattr__(out, name, value)
         return out
