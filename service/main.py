@@ -18,10 +18,11 @@ from starlette.concurrency import run_in_threadpool
 
 from model.artifact import load_artifact
 from service.fastpath import FastPath
+from service.memory import tune_allocator
 from service.metrics import Metrics, MetricsMiddleware
 from service.reload import Reloader
 from service.routes import ops, predict, ratings, recommend, similar
-from service.scoring import ServedModel, tune_allocator
+from service.scoring import ServedModel
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)

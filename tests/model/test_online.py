@@ -13,9 +13,10 @@ from model.artifact import Artifact, load_artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork
 from model.exact import ExactScorer
-from model.online import FoldIn, refine_embedding
+from model.online import FoldIn
 from model.paper import PaperScorer
 from model.ratings import Ratings
+from model.refine import refine_embedding
 from model.scorers import build_scorer
 
 

@@ -1,4 +1,4 @@
-"""The per-user row cache (service.scoring.UserRows): admission on a second miss, the byte budget, a new
+"""The per-user row cache (service.rows.UserRows): admission on a second miss, the byte budget, a new
 model state emptying it, and answers equal to the uncached path's before and after online ratings."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from model.artifact import load_artifact
-from service.scoring import UserRow, UserRows
+from service.rows import UserRow, UserRows
 from tests.service.conftest import App, RedisServer
 
 TOKEN = "rows-token"

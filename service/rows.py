@@ -1,0 +1,162 @@
+"""Per-worker caches of users' answers over the whole catalogue: `UserRows` (a model state's rows, bought
+like a ski rental) and `UserParts` (the part of a user's answers that other users' ratings leave as it is,
+valid across states). service/scoring.py reads and fills them."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.exact import RowParts, baseline_mixture
+from model.online import OnlineState
+
+
+@dataclass(frozen=True)
+class UserRow:
+    """One user's answers over the whole catalogue of one model state (read-only arrays)."""
+
+    ratings: np.ndarray
+    """(items,) expected ratings, clipped to the scale."""
+    dist: np.ndarray
+    """(items, p) label distributions: the CRF's alone where `baseline` is set (mixed when read)."""
+    fallback: np.ndarray
+    """(items,) bool: answered by the bias baseline (an item without an embedding yet)."""
+    any_fallback: bool
+    baseline: np.ndarray | None = None
+    """(items,) the bias baseline's predictions that `distributions` mixes in (weight `weight`), or None
+    when `dist` is final. A top-N reads `ratings` alone: the mixed (items, p) array is never made."""
+    weight: float = 0.0
+    levels: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.baseline is None else self.baseline.nbytes
+        return int(self.ratings.nbytes + self.dist.nbytes + self.fallback.nbytes + extra)
+
+    def distributions(self, items: np.ndarray) -> np.ndarray:
+        """The final label distributions of `items`: (K, p), a new array."""
+        dist: np.ndarray = self.dist[items]
+        if self.baseline is None or self.levels is None:
+            return dist
+        mix = ~self.fallback[items] if self.any_fallback else slice(None)  # fallback rows are final
+        dist[mix] = baseline_mixture(dist[mix], self.baseline[items][mix], self.levels, self.weight)
+        return dist
+
+
+class UserRows:
+    """Users' rows over the whole catalogue for one model state, least recently used first out, within
+    `max_bytes`. A row costs the whole catalogue (17x a 100-item request on ML-100K) and serves only
+    while its state lasts: a new state (any online rating: the known field is global, so every answer
+    moves) empties it. So a row is computed as a ski rental buys (`admit`): once the user's misses in the
+    state have computed as many entries as the row holds. A user who keeps coming back while the state
+    lasts gets a row after a few requests; under a stream of ratings, when states last a fraction of a
+    second, misses stay cheaper than rows that would die unread."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._state: OnlineState | None = None
+        self._rows: OrderedDict[int, UserRow] = OrderedDict()
+        self._missed: dict[int, int] = {}  # user -> entries its misses computed in this state
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def _current(self, state: OnlineState) -> bool:
+        """Whether `state` is the one held, after moving on to it when it is newer (states only grow: a
+        request still holding an older one neither reads nor writes here)."""
+        if state is self._state:
+            return True
+        if self._state is not None and state.applied < self._state.applied:
+            return False
+        self._state, self._bytes = state, 0
+        self._rows.clear()
+        self._missed.clear()
+        return True
+
+    def get(self, state: OnlineState, user: int) -> UserRow | None:
+        """The user's row in `state`, if held."""
+        with self._lock:
+            row = self._rows.get(user) if state is self._state else None
+            if row is not None:
+                self._rows.move_to_end(user)
+            return row
+
+    def admit(self, state: OnlineState, user: int, entries: int, size: int) -> bool:
+        """Whether a miss of `user` in `state` that asks for `entries` should compute and keep the whole
+        row of `size` entries instead: when the user's earlier misses in this state and this one add up to
+        the row's size (else this miss is counted and answered alone)."""
+        if self.max_bytes <= 0:
+            return False
+        with self._lock:
+            if not self._current(state):
+                return False
+            spent = self._missed.get(user, 0) + entries
+            if spent >= size:
+                return True
+            if len(self._missed) >= 1_000_000:  # bounded even under a scan of many users
+                self._missed.clear()
+            self._missed[user] = spent
+            return False
+
+    def put(self, state: OnlineState, user: int, row: UserRow) -> None:
+        """Keep `row`, dropping the least recently used rows beyond `max_bytes` (not for an old state, nor
+        a row larger than the whole budget)."""
+        with self._lock:
+            if row.nbytes > self.max_bytes or not self._current(state) or user in self._rows:
+                return
+            self._rows[user] = row
+            self._bytes += row.nbytes
+            while self._bytes > self.max_bytes:
+                _, old = self._rows.popitem(last=False)
+                self._bytes -= old.nbytes
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+class UserParts:
+    """Users' `RowParts` (model/exact/scorer.py: the decoder's scores and the row terms over the whole
+    catalogue), least recently used first out, within `max_bytes`. Unlike a `UserRows` row they outlive
+    model states: each is kept with the user's version (`OnlineState.user_version`) and read while it
+    holds, so a rating of another user leaves it valid. An answer from them reads the field and the column
+    terms of its state anew (`ExactScorer.from_parts`)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._parts: OrderedDict[int, tuple[tuple[int, int], RowParts]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, state: OnlineState, user: int) -> RowParts | None:
+        """The user's parts, if held and valid in `state`."""
+        with self._lock:
+            held = self._parts.get(user)
+            if held is None or held[0] != state.user_version(user):
+                return None
+            self._parts.move_to_end(user)
+            return held[1]
+
+    def put(self, state: OnlineState, user: int, parts: RowParts) -> None:
+        """Keep the user's parts of `state` (replacing older ones), dropping the least recently used beyond
+        `max_bytes`; not when the user's version moved on since `state`."""
+        with self._lock:
+            if parts.nbytes > self.max_bytes:
+                return
+            version = state.user_version(user)
+            held = self._parts.pop(user, None)
+            if held is not None:
+                self._bytes -= held[1].nbytes
+                if held[0] > version:  # a newer one is kept (states only grow)
+                    self._parts[user] = held
+                    self._bytes += held[1].nbytes
+                    return
+            self._parts[user] = (version, parts)
+            self._bytes += parts.nbytes
+            while self._bytes > self.max_bytes:
+                _, (_, old) = self._parts.popitem(last=False)
+                self._bytes -= old.nbytes
+
+    def __len__(self) -> int:
+        return len(self._parts)
