@@ -49,15 +49,14 @@ DCMC = [sys.executable, "-m", "training.cli"]
 
 def _code() -> str:
     """The commit of the code measured (this file's own results, written as it runs, do not count)."""
-    from loadgen import commit_label
+    from harness import commit_label
 
     return commit_label(
         "model",
         "service",
         "training",
         "benchmarks/scale.py",
-        "benchmarks/online.py",
-        "benchmarks/loadgen.py",
+        "benchmarks/harness.py",
     )
 
 
@@ -203,7 +202,7 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from online import Redis, Service
+    from harness import Redis, Service
 
     from model.artifact import load_artifact
 
@@ -265,7 +264,7 @@ def cmd_steps(args: argparse.Namespace) -> None:
     from model.network import DCMC as Net
     from training.config import preset, resolve_model_settings, sized_blocks, sized_network
     from training.data import load_dataset
-    from training.trainer import RatingMatrix, block_loss, epoch_blocks, make_optimizers
+    from training.trainer import RatingMatrix, epoch_blocks, make_optimizers, train_step
 
     t0 = time.perf_counter()
     data = load_dataset("csv", args.data, split="random", seed=0)
@@ -290,23 +289,7 @@ def cmd_steps(args: argparse.Namespace) -> None:
     run = blocks[: args.max_steps]
     t0 = time.perf_counter()
     for block in run:
-        loss, _ = block_loss(
-            model,
-            matrix,
-            block,
-            levels,
-            0,
-            cfg.beta,
-            cfg.sigma2,
-            cfg.rating_mse,
-            cfg.input_dropout,
-        )
-        for o in optimizers:
-            o.zero_grad(set_to_none=True)
-        loss.backward()
-        for o in optimizers:
-            o.step()
-        ema.update_parameters(model)
+        train_step(model, model, matrix, block, levels, 0, cfg, optimizers, ema)  # the trainer's own step
     seconds = time.perf_counter() - t0
     print(
         json.dumps(

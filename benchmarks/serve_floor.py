@@ -8,7 +8,7 @@ Starts, on this machine and in this order:
    the same uvicorn as the service, measured first and again last; the floor is the better of the two
    per figure (lower latency, higher req/s), so a slow moment of the machine cannot flatter the ratios;
 2. `dcmc serve --workers 2` on the artifact with a private redis-server (free port, temporary directory,
-   append-only file fsynced on every write), as benchmarks/online.py does;
+   append-only file fsynced on every write: benchmarks/harness.py);
 3. the same service with its per-user row cache off (`DCMC_USER_CACHE_MB=0`): what a request costs for a
    user whose row is not cached.
 
@@ -43,8 +43,18 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import commit_label, free_port, run_wrk
-from online import PREDICT_LUA, RATINGS_LUA, RECOMMEND_LUA, TOKEN, Redis, Service, _lua_list
+from harness import (
+    PREDICT_LUA,
+    RATINGS_LUA,
+    RECOMMEND_LUA,
+    TOKEN,
+    Redis,
+    Service,
+    commit_label,
+    free_port,
+    lua_list,
+    run_wrk,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -259,11 +269,11 @@ def main(argv: list[str] | None = None) -> int:
             "recommend": Path(tmp) / "recommend.lua",
             "ratings": Path(tmp) / "ratings.lua",
         }
-        scripts["predict10"].write_text(PREDICT_LUA % _lua_list(bodies(art, 10)))
-        scripts["predict100"].write_text(PREDICT_LUA % _lua_list(bodies(art, 100)))
-        scripts["recommend"].write_text(RECOMMEND_LUA % _lua_list(users))
+        scripts["predict10"].write_text(PREDICT_LUA % lua_list(bodies(art, 10)))
+        scripts["predict100"].write_text(PREDICT_LUA % lua_list(bodies(art, 100)))
+        scripts["recommend"].write_text(RECOMMEND_LUA % lua_list(users))
         scripts["ratings"].write_text(
-            RATINGS_LUA % (_lua_list(users), _lua_list(items), ",".join(map(str, levels)), TOKEN)
+            RATINGS_LUA % (lua_list(users), lua_list(items), ",".join(map(str, levels)), TOKEN)
         )
         record["bare_first"] = measure_bare(args.workers, args.duration)
         for key, env, writes in (("dcmc", {}, True), ("cold", {"DCMC_USER_CACHE_MB": "0"}, False)):

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import commit_label
-from online import TOKEN, Redis, Service
+from harness import TOKEN, Redis, Service, commit_label
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import commit_label
-from online import Redis, Service, machine
+from harness import Redis, Service, commit_label, machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

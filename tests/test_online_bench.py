@@ -1,11 +1,14 @@
-"""benchmarks/online.py: the pure helpers of the online-ratings benchmark (no service, no training)."""
+"""benchmarks/online.py (online_accuracy.py, harness.py): the pure helpers of the online-ratings benchmark
+(no service, no training)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,10 +17,18 @@ from model.config import InferenceConfig
 from training.config import TrainConfig, preset
 from training.data import Entries, RatingSplit, load_dataset
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "online.py"
-_spec = importlib.util.spec_from_file_location("online_bench", SCRIPT)
-online = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(online)
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))  # the scripts import their siblings (harness.py) by name
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+online, harness = _load("online_accuracy"), _load("harness")
 
 
 def test_held_out_users_are_a_seeded_tenth_of_the_users_with_training_ratings() -> None:
@@ -50,10 +61,10 @@ def test_the_dataset_writer_drops_exactly_the_held_out_users_training_ratings(tm
 
 
 def test_summaries_and_rmse() -> None:
-    s = online.summarize(range(1, 101))
+    s = harness.summarize(range(1, 101))
     assert s["n"] == 100 and s["p50_ms"] == pytest.approx(50.5) and s["p99_ms"] == pytest.approx(99.01)
     assert s["max_ms"] == 100 and s["mean_ms"] == pytest.approx(50.5)
-    assert online.summarize([]) == {"n": 0}
+    assert harness.summarize([]) == {"n": 0}
     assert online.rmse(np.array([1.0, 3.0]), np.array([2.0, 2.0])) == pytest.approx(1.0)
 
 
@@ -111,7 +122,7 @@ def test_wrk_output_is_parsed() -> None:
   Non-2xx or 3xx responses: 3
 Requests/sec:    500.00
 """
-    r = online.parse_wrk(out)
+    r = harness.parse_wrk(out)
     assert r == {
         "rps": 500.0,
         "p50_ms": 1.5,
@@ -120,4 +131,4 @@ Requests/sec:    500.00
         "non_2xx": 3,
         "socket_errors": "",
     }
-    assert online.parse_wrk(out.replace("1.50ms", "900.00us"))["p50_ms"] == pytest.approx(0.9)
+    assert harness.parse_wrk(out.replace("1.50ms", "900.00us"))["p50_ms"] == pytest.approx(0.9)

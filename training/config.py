@@ -133,7 +133,7 @@ _DEFAULT_EMA = 0.99
 # gain alike, 5% the most. Validation experiments hold out TUNING_VAL_FRACTION, the same share.
 _DEFAULT_VAL_FRACTION = 0.05
 TUNING_VAL_FRACTION = 0.05
-"""The held-out share of every validation experiment (benchmarks/validate.py)."""
+"""The held-out share of every validation experiment (benchmarks/results/validation.md)."""
 
 # Where the default preset's similarity-loss weight beta and input dropout differ from the paper's.
 _DEFAULT_BETA = {"ml-100k": 0.0, "flixster": 0.0}

@@ -26,6 +26,7 @@ from model.config import ModelConfig
 from model.engine import nearest_level
 from model.network import DCMC, RatingInput, SparseRows
 from model.ratings import LineIndex, Ratings, ranges
+from training.config import TrainConfig
 from training.data import Entries
 from training.errors import TrainingError
 
@@ -185,6 +186,36 @@ def block_loss(
     return loss, parts
 
 
+def train_step(
+    net: torch.nn.Module,
+    model: DCMC,
+    matrix: RatingMatrix,
+    block: Block,
+    levels: np.ndarray,
+    mf_layers: int,
+    cfg: TrainConfig,
+    optimizers: list[torch.optim.Optimizer],
+    ema: AveragedModel | None = None,
+    reduce: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """One optimisation step on one block: the loss of `net` (the model, or its distributed wrapper), its
+    gradients (then `reduce`, which all-reduces them across processes), every optimizer's step and the
+    weight average's update of `model`. Returns the loss."""
+    loss, _ = block_loss(
+        net, matrix, block, levels, mf_layers, cfg.beta, cfg.sigma2, cfg.rating_mse, cfg.input_dropout
+    )
+    for o in optimizers:
+        o.zero_grad(set_to_none=True)
+    loss.backward()
+    if reduce is not None:
+        reduce()
+    for o in optimizers:
+        o.step()
+    if ema is not None:
+        ema.update_parameters(model)
+    return loss
+
+
 @torch.no_grad()
 def embed_all(model: DCMC, matrix: RatingMatrix, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     """Eval-mode embeddings of every user and item: (n, d), (m, d) float32."""
@@ -316,27 +347,9 @@ def train(
             blocks = blocks[rank * per_rank : (rank + 1) * per_rank]
         net.train()
         losses: list[float] = []
+        reduce = (lambda: _all_reduce_sparse(model, world)) if distributed else None
         for block in blocks:
-            loss, _ = block_loss(
-                net,
-                matrix,
-                block,
-                levels,
-                mf_layers,
-                cfg.beta,
-                cfg.sigma2,
-                cfg.rating_mse,
-                cfg.input_dropout,
-            )
-            for o in optimizers:
-                o.zero_grad(set_to_none=True)
-            loss.backward()
-            if distributed:
-                _all_reduce_sparse(model, world)
-            for o in optimizers:
-                o.step()
-            if ema is not None:
-                ema.update_parameters(model)
+            loss = train_step(net, model, matrix, block, levels, mf_layers, cfg, optimizers, ema, reduce)
             losses.append(float(loss.detach()))
         for sched in schedulers:
             sched.step()
