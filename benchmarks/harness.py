@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 DCMC = str(Path(sys.executable).with_name("dcmc"))
 TOKEN = "online-bench-token"
 """The write token of the services the benchmarks start."""
+NOTES_MARK = "<!-- notes: the text below this line is kept when the report is rebuilt -->"
 
 
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
@@ -357,3 +358,13 @@ def record_header(r: dict[str, Any]) -> list[str]:
         f"- Redis: a private redis-server, appendonly={r['redis']['appendonly']}, "
         f"appendfsync={r['redis']['appendfsync']}",
     ]
+
+
+def write_report(path: Path, lines: list[str]) -> Path:
+    """Write a report of `lines`, then the notes below NOTES_MARK of the report it replaces (kept as they
+    are: what was measured by hand, why a record looks as it does)."""
+    notes = ""
+    if path.is_file() and NOTES_MARK in (text := path.read_text()):
+        notes = text.split(NOTES_MARK, 1)[1].strip("\n")
+    path.write_text("\n".join([*lines, NOTES_MARK, "", notes]).rstrip("\n") + "\n")
+    return path

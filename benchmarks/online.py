@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, commit, emit, machine
+from harness import REPO, commit, emit, machine, write_report
 from online_accuracy import (
     accuracy_section,
     artifact_overrides,
@@ -51,10 +51,9 @@ RESULTS = REPO / "benchmarks" / "results"
 DATA_DIR = REPO.parent / "shared" / "datasets"
 BASE = REPO.parent / "runs" / "base" / "ml-100k"
 PARTS = ("accuracy", "freshness", "speed")
-NOTES_MARK = "<!-- notes: the text below this line is kept when the report is rebuilt -->"
 
 
-def write_report(results: Path, command: str) -> Path:
+def report(results: Path, command: str) -> Path:
     """online.md (and the figure) from the latest record of each part in online.jsonl."""
     latest: dict[str, dict[str, Any]] = {}
     path = results / "online.jsonl"
@@ -78,13 +77,7 @@ def write_report(results: Path, command: str) -> Path:
         lines += freshness_section(latest["freshness"])
     if "speed" in latest:
         lines += speed_section(latest["speed"])
-    report = results / "online.md"
-    notes = ""
-    if report.is_file() and NOTES_MARK in report.read_text():
-        notes = report.read_text().split(NOTES_MARK, 1)[1].strip("\n")
-    lines += [NOTES_MARK, "", notes]
-    report.write_text("\n".join(lines).rstrip("\n") + "\n")
-    return report
+    return write_report(results / "online.md", lines)
 
 
 # -- main ----------------------------------------------------------------------------------------------------
@@ -152,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         with (results / "online.jsonl").open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         emit(record)
-    print("report:", write_report(results, command), flush=True)
+    print("report:", report(results, command), flush=True)
     return 0
 
 

@@ -276,102 +276,6 @@ def trained_in(
     return np.clip(pred, artifact.levels[0], artifact.levels[-1])
 
 
-def diagnose(
-    reduced: Path,
-    base: Path,
-    posted: list[tuple[str, str, float]],
-    test_users: list[str],
-    test_items: list[str],
-    truth: np.ndarray,
-    served: np.ndarray,
-) -> dict[str, Any]:
-    """Where the fold-in's gap comes from, in this process (Python API, not the service): RMSE of the
-    test entries (external ids) under variants of the fold-in model and of the trained-in model.
-
-    `library`: model/online.py's FoldIn on the reduced artifact, every posted rating applied in one batch
-    (what the service does, there once per applied batch; compared with the service's answers).
-    `row branch only`: the posted users' embeddings recomputed by the row branch (ONNX) from their rating
-    rows and nothing else, the scorer updated by ExactScorer.updated. For each: `network only` (the base
-    network's expectation, inference mode none), `default` (the artifact's inference) and `tables rebuilt`
-    (the scorer built anew over the same known ratings, every co-rating table recomputed)."""
-    from model.artifact import load_artifact
-    from model.engine import Network, OnnxNetwork, expected_rating
-    from model.online import FoldIn
-    from model.ratings import Ratings
-    from model.scorers import artifact_scorer, build_scorer, predict_distributions
-
-    def expected(network: Any, scorer: Any, rows: np.ndarray, cols: np.ndarray, levels: np.ndarray) -> Any:
-        pred = expected_rating(predict_distributions(network, scorer, rows, cols), levels)
-        return np.clip(pred, levels[0], levels[-1])
-
-    art = load_artifact(reduced)
-    levels = art.levels
-    onnx = OnnxNetwork(reduced, threads=1)
-    none = art.inference.with_overrides({"mode": "none"})
-    out: dict[str, Any] = {}
-
-    def variants(name: str, network: Any, known: Any, scorer: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
-        served_here = expected(network, scorer, rows, cols, levels)
-        out[f"{name}_network_only"] = rmse(
-            expected(network, build_scorer(network, known, none), rows, cols, levels), truth
-        )
-        out[f"{name}_default"] = rmse(served_here, truth)
-        rebuilt = build_scorer(network, known, art.inference)
-        out[f"{name}_tables_rebuilt"] = rmse(expected(network, rebuilt, rows, cols, levels), truth)
-        return served_here
-
-    # the library's fold-in, one batch
-    fold = FoldIn(art, art.inference, onnx.embed_users, onnx.embed_items)
-    fold.apply(posted)
-    state = fold.state
-    rows = np.array([fold.user_index(u) for u in test_users], dtype=np.int64)
-    cols = np.array([fold.item_index(i) for i in test_items], dtype=np.int64)
-    library = variants("library", state.network, state.known, state.scorer, rows, cols)
-    out["library_max_abs_diff_to_service"] = float(np.max(np.abs(library - served)))
-
-    # the row branch alone
-    users = list(art.users.ids)
-    index = {u: i for i, u in enumerate(users)}
-    for u, _, _ in posted:
-        if u not in index:
-            index[u] = len(users)
-            users.append(u)
-    pr = np.array([index[u] for u, _, _ in posted], dtype=np.int64)
-    pc = art.items.indices([i for _, i, _ in posted])
-    pv = np.array([r for _, _, r in posted], dtype=np.float64)
-    base_known = art.known()
-    known = Ratings(
-        np.concatenate([base_known.rows, pr]),
-        np.concatenate([base_known.cols, pc]),
-        np.concatenate([base_known.values, pv]),
-        len(users),
-        len(art.items),
-    )
-    changed = np.unique(pr)
-    dense = np.zeros((len(changed), len(art.items)), dtype=np.float32)
-    existing = changed < art.train.n_users
-    if existing.any():
-        dense[existing] = art.train.dense_rows(changed[existing])
-    dense[np.searchsorted(changed, pr), pc] = pv
-    user_emb = np.zeros((len(users), art.config.embedding_dim))
-    user_emb[: len(art.users)] = art.user_embeddings
-    user_emb[changed] = onnx.embed_users(dense).astype(np.float64)
-    network, scorer = artifact_scorer(art)
-    folded = Network(network.config, user_emb, network.item_emb, network.bilinear)
-    rows = np.array([index[u] for u in test_users], dtype=np.int64)
-    cols = art.items.indices(test_items)
-    variants("row_branch", folded, known, scorer.updated(folded, known, changed), rows, cols)
-
-    # the model trained on everything
-    full = load_artifact(base)
-    brows, bcols = full.users.indices(test_users), full.items.indices(test_items)
-    bnet, bscorer = artifact_scorer(full)
-    out["trained_in_default"] = rmse(expected(bnet, bscorer, brows, bcols, full.levels), truth)
-    _, bnone = artifact_scorer(full, full.inference.with_overrides({"mode": "none"}))
-    out["trained_in_network_only"] = rmse(expected(bnet, bnone, brows, bcols, full.levels), truth)
-    return out
-
-
 def score_service(
     svc: Service, user_ids: list[str], item_ids: list[str], test: Any, users: np.ndarray
 ) -> np.ndarray:
@@ -527,16 +431,6 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
             durability = redis_server.config()
         finally:
             svc.stop()
-    diagnostics = diagnose(
-        reduced,
-        Path(args.base),
-        stream,
-        [split.user_ids[u] for u in te.rows[test_held]],
-        [split.item_ids[j] for j in te.cols[test_held]],
-        te.values[test_held],
-        final[test_held],
-    )
-    emit({"part": "accuracy", "step": "diagnostics", **diagnostics})
     full = curve[-1]
     record = {
         "part": "accuracy",
@@ -580,7 +474,6 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
             "rmse_trained_in": rmse(base_pred[~in_test], te.values[~in_test]),
         },
         "replay_restart": restart,
-        "diagnostics": diagnostics,
         "ratings_applied_metric": applied,
         "redis": durability,
         "workers": 1,
@@ -720,28 +613,6 @@ def accuracy_section(r: dict[str, Any], figure: Path | None) -> list[str]:
         f"process's by at most {rs['max_abs_diff']:.2e}.",
         "",
     ]
-    d = r.get("diagnostics")
-    if d:
-        lines += [
-            "Where the gap comes from (diagnostic, in this process with the Python API, on the same "
-            f"{h['test_entries']} test ratings after every rating was posted). `library fold-in`: "
-            "model/online.py's FoldIn on the reduced artifact, all posted ratings applied in one batch "
-            "(the service applied them in 8 batches; max difference to its answers: "
-            f"{d['library_max_abs_diff_to_service']:.1e}). `row branch only`: the posted users re-embedded "
-            "by the row branch (ONNX) from their rating rows and nothing else, the scorer updated by "
-            "ExactScorer.updated. `network only` is inference mode none; `tables rebuilt` builds the exact "
-            "scorer anew over the same known ratings, every co-rating table recomputed.",
-            "",
-            "| inference | library fold-in | row branch only | trained-in |",
-            "|---|---|---|---|",
-            f"| network only (mode none) | {d['library_network_only']:.4f} | "
-            f"{d['row_branch_network_only']:.4f} | {d['trained_in_network_only']:.4f} |",
-            f"| default (the artifact's inference) | {d['library_default']:.4f} | "
-            f"{d['row_branch_default']:.4f} | {d['trained_in_default']:.4f} |",
-            f"| default, co-rating tables rebuilt | {d['library_tables_rebuilt']:.4f} | "
-            f"{d['row_branch_tables_rebuilt']:.4f} | - |",
-            "",
-        ]
     if figure is not None:
         lines += [f"![cold start]({figure.name})", ""]
     return lines
