@@ -441,6 +441,15 @@ def read_config(directory: str | Path) -> tuple[ModelConfig, InferenceConfig]:
         raise ArtifactError(f"{path}: cannot read the configuration: {exc}") from None
 
 
+def load_staged(directory: Path, config: dict[str, Any]) -> Artifact:
+    """The artifact being written in `directory` (an `artifact_writer`'s temporary one), loaded as it
+    stands with `config` as its config.json: what the training's search and fold-in choice read before
+    the artifact is written once, instead of writing it, reading it back and rewriting it."""
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_manifest(directory)
+    return load_artifact(directory)
+
+
 def load_artifact(directory: str | Path) -> Artifact:
     """Verify checksums and load an artifact; raises ArtifactError with a clear message.
 

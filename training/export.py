@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,7 @@ def write_artifact(
     dataset: dict[str, Any],
     metrics: dict[str, Any],
     known_field: bool = True,
+    finish: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> Path:
     """Write a complete artifact directory atomically; returns its path.
 
@@ -167,7 +169,11 @@ def write_artifact(
     choice: on a large catalogue the field of the starting settings would cost minutes for nothing).
 
     `held_out`: the validation ratings carved from the training split. The network never trained on them,
-    but they are known ratings at test time: the CRF's known field and the service use them."""
+    but they are known ratings at test time: the CRF's known field and the service use them.
+
+    `finish(directory, config)`: called once every file is written, before the one atomic rename, with the
+    directory being written and its config; it may load it as it stands (`model.artifact.load_staged`),
+    add files and change the config (the training's search and fold-in choice)."""
     model.eval()
     cfg: ModelConfig = model.config
     user_emb, item_emb = embed_all(model, matrix)
@@ -207,5 +213,8 @@ def write_artifact(
         export_onnx(model, tmp)
         metrics = {**metrics, "onnx_parity_max_abs_diff": check_parity(model, matrix, tmp)}
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        if finish is not None:
+            finish(tmp, config)
+            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     log.info("wrote artifact %s", out)
     return out

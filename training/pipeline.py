@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
+from model.artifact import load_staged
 from model.config import ConfigError, ModelConfig
 from model.ratings import Ratings
 from training.config import (
@@ -23,10 +24,11 @@ from training.config import (
 )
 from training.data import carve_validation, load_dataset
 from training.export import write_artifact
-from training.fold_in import choose_and_write
+from training.fold_in import choose_refine
 from training.online import read_online_ratings, with_online
 from training.trainer import train
-from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, start_inference, tune_artifact
+from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, record_tuning, start_inference
+from training.tune import tune as search_inference  # `tune` is run_training's switch
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,13 @@ def run_training(
     }
     # The search writes the field of its choice: no field of the starting settings before it.
     searched = chosen.tune and tune and not inference_over and len(val_entries or []) >= MIN_VALIDATION
+
+    def finish(directory: Path, config: dict[str, Any]) -> None:  # in the artifact being written, once
+        if chosen.tune:
+            metrics["tuning"] = _tune(directory, config, tune, inference_over, len(val_entries or []),
+                                      train_cfg.seed, tune_trials, tune_timeout, progress)  # fmt: skip
+        metrics["fold_in"] = _fold_in(directory, config, tune, train_cfg.seed)
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
         write_artifact(
             out,
@@ -206,26 +215,27 @@ def run_training(
             dataset=dataset_record,
             metrics=metrics,
             known_field=not searched,
+            finish=finish,
         )
-        if chosen.tune:
-            metrics["tuning"] = _tune(out, tune, inference_over, len(val_entries or []), train_cfg.seed,
-                                      tune_trials, tune_timeout, progress)  # fmt: skip
-        metrics["fold_in"] = _fold_in(out, tune, train_cfg.seed)
     return metrics
 
 
-def _fold_in(out: Path, enabled: bool, seed: int) -> dict[str, Any]:
-    """Choose the online fold-in's policy on the validation ratings (training/fold_in.py), or say why
-    not: a summary for the training metrics."""
+def _fold_in(directory: Path, config: dict[str, Any], enabled: bool, seed: int) -> dict[str, Any]:
+    """Choose the online fold-in's policy on the validation ratings (training/fold_in.py) of the artifact
+    being written in `directory` and put it in its `config`, or say why not: a summary for the training
+    metrics."""
     if not enabled:
         return {"skipped": "--no-tune: the service refines every rating user at fold-in"}
-    record = choose_and_write(out, seed)
+    record = choose_refine(load_staged(directory, config), seed)
+    if "refine" in record:
+        config["fold_in"] = record
     keep = ("refine", "skipped", "rmse_all", "rmse_new", "difference_95", "fold_in_s_all", "fold_in_s_new")
     return {k: v for k, v in record.items() if k in keep}
 
 
 def _tune(
-    out: Path,
+    directory: Path,
+    config: dict[str, Any],
     enabled: bool,
     inference_over: dict[str, Any],
     n_val: int,
@@ -234,7 +244,8 @@ def _tune(
     timeout: float | None,
     progress: bool,
 ) -> dict[str, Any]:
-    """Search the artifact's inference settings, or say why not: a summary for the training metrics."""
+    """Search the inference settings of the artifact being written in `directory` and put the choice in
+    it (`config` and its files), or say why not: a summary for the training metrics."""
     if not enabled:
         return {"skipped": "--no-tune: the artifact serves training.tune.START"}
     if inference_over:
@@ -247,9 +258,11 @@ def _tune(
         )
         log.warning("inference not tuned: %s", why)
         return {"skipped": why}
-    result = tune_artifact(
-        out, trials=trials or DEFAULT_TRIALS, timeout=timeout, seed=seed, progress=progress
+    artifact = load_staged(directory, config)
+    result = search_inference(
+        artifact, trials=trials or DEFAULT_TRIALS, timeout=timeout, seed=seed, progress=progress
     )
+    record_tuning(directory, config, result, artifact)
     r = result.record
     return {
         "mode": result.chosen.mode,

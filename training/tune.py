@@ -307,20 +307,25 @@ def _progress(total: int, enabled: bool) -> Any:
     return _Bar()
 
 
+def record_tuning(directory: Path, config: dict[str, Any], tuning: Tuning, artifact: Artifact) -> None:
+    """Write the choice into an artifact being written in `directory` (of `artifact`'s network and known
+    ratings): `config`'s inference, tuning.json and the known field for the new settings (over all known
+    ratings, as the service reads it)."""
+    config["inference"] = tuning.chosen.to_dict()
+    (directory / TUNING).write_text(json.dumps(tuning.record, indent=2) + "\n")
+    if tuning.chosen.mode == "exact":
+        scorer = build_scorer(load_network(artifact), artifact.known(), tuning.chosen)
+        assert isinstance(scorer, ExactScorer)
+        save_exact_field(scorer, directory)
+
+
 def write_tuning(directory: str | Path, tuning: Tuning) -> Path:
-    """Rewrite the artifact at `directory` with the chosen inference: config.json, tuning.json, the known
-    field for the new settings (over all known ratings, as the service reads it), a new manifest and so a
-    new model version. Atomic, like every artifact write."""
+    """Rewrite the artifact at `directory` with the chosen inference (`record_tuning`): a new manifest and
+    so a new model version. Atomic, like every artifact write."""
     directory = Path(directory)
     artifact = load_artifact(directory)  # verifies the checksums first
     with rewritten(directory, drop=lambda name: name == TUNING or is_known_field_file(name)) as (tmp, config):
-        config["inference"] = tuning.chosen.to_dict()
-        (tmp / TUNING).write_text(json.dumps(tuning.record, indent=2) + "\n")
-        if tuning.chosen.mode == "exact":
-            network = load_network(artifact)
-            scorer = build_scorer(network, artifact.known(), tuning.chosen)
-            assert isinstance(scorer, ExactScorer)
-            save_exact_field(scorer, tmp)
+        record_tuning(tmp, config, tuning, artifact)
     return directory
 
 
