@@ -14,6 +14,7 @@ import numpy as np
 
 from model.config import Crf, MessageScaling, PaperSettings
 from model.engine import Network, compatibility_matrix, mean_field
+from model.exact.explain import NO_TERMS, CannotExplain, Explanation
 from model.ratings import Ratings, ranges
 from model.types import FloatArray, IntArray
 
@@ -146,6 +147,10 @@ class PaperScorer:
     def online_tables(self) -> dict[str, np.ndarray]:
         """Nothing that the ratings do not give back: the partitions are drawn again."""
         return {}
+
+    def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
+        """The block CRFs' answers average random partitions: no term per known rating to take out."""
+        raise CannotExplain(NO_TERMS.format(mode="paper"))
 
     def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
         """Final distributions of the queried entries (rows[k], cols[k]): (K, p), the average over the

@@ -18,6 +18,7 @@ from model.artifact import Artifact, StoredField
 from model.config import ConfigError, InferenceConfig, ModelConfig, resolve_crf
 from model.engine import Network
 from model.exact import ExactParts, ExactScorer, RowParts
+from model.exact.explain import NO_TERMS, CannotExplain, Explanation
 from model.paper import PaperScorer
 from model.ratings import Ratings
 from model.types import FloatArray, IntArray
@@ -74,6 +75,11 @@ class Scorer(Protocol):
         """What `updated` built that the ratings do not give back, for a snapshot (plain arrays)."""
         ...
 
+    def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
+        """Which `k` known ratings moved each prediction (user, items[q]) most, by how much; CannotExplain
+        where the mode's answers are not a sum of one term per known rating."""
+        ...
+
 
 class NetworkScorer:
     """The base network alone: the query's own probabilities."""
@@ -116,6 +122,10 @@ class NetworkScorer:
     def online_tables(self) -> dict[str, np.ndarray]:
         """Nothing built online."""
         return {}
+
+    def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
+        """The network alone reads no known rating."""
+        raise CannotExplain(NO_TERMS.format(mode="none"))
 
 
 def build_scorer(

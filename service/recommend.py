@@ -19,6 +19,12 @@ POPULAR_SHRINKAGE = 10.0
 """s of the popularity fallback's shrunk mean rating (sum_j + s * mu) / (n_j + s): an item needs about s
 ratings before its own mean outweighs the global mean mu, so a single 5-star rating does not top the list."""
 
+POPULAR_REASON = (
+    "popular: the user has no ratings the model can read, so items are ranked by their shrunk mean rating "
+    "(no known rating of the user's shaped the list)"
+)
+"""What an explanation of a popular-list answer says instead of `because`."""
+
 _popular: tuple[Ratings, np.ndarray] | None = None  # the known ratings it was computed from, the scores
 _popular_lock = threading.Lock()
 
@@ -73,11 +79,17 @@ def candidate_mask(
 
 
 def recommend(
-    scorer: ServedModel, user_id: str, k: int, allow: np.ndarray | None, exclude: np.ndarray | None
+    scorer: ServedModel,
+    user_id: str,
+    k: int,
+    allow: np.ndarray | None,
+    exclude: np.ndarray | None,
+    state: OnlineState | None = None,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
-    user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback)."""
-    state = scorer.state  # one model state for the whole answer (`allow`, `exclude`: indices valid in it)
+    user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback), in
+    `state` (default: now; `allow`, `exclude`: indices valid in it)."""
+    state = state or scorer.state  # one model state for the whole answer
     try:
         user = scorer.user_index(user_id, state)
     except UnknownIdError:

@@ -70,6 +70,39 @@ class PredictRequest(BaseModel):
         min_length=1, description="External item ids (strings or integers); answered in this order."
     )
     distribution: bool = Field(default=False, description="Also return each rating's label distribution.")
+    explain: bool = Field(
+        default=False,
+        description="Also return which known ratings moved each prediction, by exactly how much "
+        "(`exact` inference only; 422 otherwise). docs/explanations.md.",
+    )
+
+
+class Because(BaseModel):
+    """One known rating and what it did to a prediction."""
+
+    user: str
+    item: str
+    rating: float = Field(description="The known rating (training, held-out or online).")
+    effect: float = Field(
+        description="The prediction minus the prediction without this rating's CRF terms (the network's "
+        "outputs and every other term held): positive when the rating raised it."
+    )
+
+
+class Explanation(BaseModel):
+    """Why a prediction is what it is."""
+
+    network: float | None = Field(
+        default=None, description="The base network's expected rating of the entry, before any CRF term."
+    )
+    because: list[Because] | None = Field(
+        default=None,
+        description="Up to DCMC_EXPLAIN_K known ratings whose terms reach the entry, largest |effect| "
+        "first (never the entry itself).",
+    )
+    reason: str | None = Field(
+        default=None, description="Set instead of `because` when no known rating's term shaped the answer."
+    )
 
 
 class Prediction(BaseModel):
@@ -83,6 +116,7 @@ class Prediction(BaseModel):
         description="`baseline`: a new item the network cannot embed yet (none of its raters is a user the "
         "model was trained on), predicted by the bias baseline mu + b_user + c_item.",
     )
+    explanation: Explanation | None = Field(default=None, description='With `"explain": true`.')
 
 
 class PredictResponse(BaseModel):

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import redis
@@ -35,6 +36,12 @@ from service.settings import Settings, inference_overrides
 from service.snapshot import SnapshotStore, Untrusted, fingerprint
 
 log = logging.getLogger(__name__)
+
+BASELINE_REASON = (
+    "baseline: a new item the network cannot embed yet, predicted by the bias baseline mu + b_user + c_item "
+    "(no known rating's term reaches it)"
+)
+"""What an explanation of a bias-baseline answer says instead of `because`."""
 
 
 def fold_in_refine(artifact: Artifact, settings: Settings) -> str:
@@ -557,6 +564,36 @@ class ServedModel:
         self._fall_back(state, user, items, fallback, dist)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist, fallback
+
+    def explain(
+        self, user: int, items: np.ndarray, k: int, state: OnlineState | None = None
+    ) -> list[dict[str, Any]]:
+        """Each prediction's explanation (model/exact/explain.py) in `state` (default: now): the network's
+        expected rating and the `k` known ratings that moved the prediction most, as
+        {"user", "item", "rating", "effect"}; for an item without an embedding yet (answered by the bias
+        baseline) a `reason` instead. Raises model.exact.explain.CannotExplain when the mode cannot
+        explain."""
+        state = state or self.fold.state
+        fallback = ~state.embedded[items]
+        out: list[dict[str, Any]] = [{"reason": BASELINE_REASON} for _ in items]
+        embedded = np.flatnonzero(~fallback)
+        known = state.known
+        with self._engine_lock:
+            found = state.scorer.explain(user, items[embedded], k)
+        for q, e in zip(embedded.tolist(), found, strict=True):
+            out[q] = {
+                "network": e.network,
+                "because": [
+                    {
+                        "user": self.user_id(int(known.rows[pos])),
+                        "item": self.item_id(int(known.cols[pos])),
+                        "rating": float(known.values[pos]),
+                        "effect": float(effect),
+                    }
+                    for pos, effect in zip(e.known.tolist(), e.effects.tolist(), strict=True)
+                ],
+            }
+        return out
 
     def similar_users(self, user: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k users with the highest scaled cosine s_r = (1 + cos) / 2 to `user`, best first (forgotten

@@ -93,6 +93,8 @@ class Settings(BaseSettings):
     Content-Length, or while it streams in)."""
     max_ratings: PositiveInt = 1000
     """Largest `ratings` batch accepted by POST /ratings."""
+    explain_k: PositiveInt = 5
+    """Known ratings an explanation lists per prediction (`"explain": true`), largest effect first."""
     max_items: PositiveInt = 1000
     """Largest `items` list accepted by POST /predict."""
     max_k: PositiveInt = 100

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from model.artifact import ArtifactError
 from model.config import ConfigError
+from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
 from training.data import DataError
 from training.errors import ExportError, TrainingError
@@ -96,22 +97,56 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
+def _inference_overrides(pairs: list[str], command: str) -> dict[str, str]:
+    """`--set inference.<group>.<name>=VALUE` pairs as inference overrides (ConfigError otherwise)."""
     from model.config import setting_names
-    from training.evaluate import evaluate
 
     overrides = {}
-    for key, value in _settings(args.set).items():
+    for key, value in _settings(pairs).items():
         group, dot, name = key.partition(".")
         if group != "inference" or not dot:
             raise ConfigError(
-                f"dcmc evaluate --set takes inference settings (inference.<group>.<name>), got {key!r}"
+                f"dcmc {command} --set takes inference settings (inference.<group>.<name>), got {key!r}"
             )
         if name not in setting_names():
             raise ConfigError(f"unknown inference setting {name!r}; valid: {', '.join(setting_names())}")
         overrides[name] = value
+    return overrides
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from training.evaluate import evaluate
+
+    overrides = _inference_overrides(args.set, "evaluate")
     result = evaluate(args.artifacts, args.data_dir, overrides=overrides, part=args.on)
     print(json.dumps(result))
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from model.artifact import load_artifact
+    from model.scorers import artifact_scorer
+
+    artifact = load_artifact(args.artifacts)
+    inference = artifact.inference.with_overrides(_inference_overrides(args.set, "explain"))
+    _, scorer = artifact_scorer(artifact, inference)
+    user = artifact.users.indices([args.user])[0]
+    items = artifact.items.indices(args.item)
+    if args.k < 1:
+        raise ConfigError(f"-k must be at least 1, got {args.k}")
+    known = artifact.known()  # the scorer's known ratings, in the same order
+    for item, e in zip(args.item, scorer.explain(int(user), items, args.k), strict=True):
+        because = [
+            {
+                "user": artifact.users.ids[int(known.rows[pos])],
+                "item": artifact.items.ids[int(known.cols[pos])],
+                "rating": float(known.values[pos]),
+                "effect": effect,
+            }
+            for pos, effect in zip(e.known.tolist(), e.effects.tolist(), strict=True)
+        ]
+        why = {"network": e.network, "because": because}
+        print(json.dumps({"user": args.user, "item": item, "rating": e.rating, "explanation": why}))
     return 0
 
 
@@ -406,6 +441,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.set_defaults(func=_cmd_evaluate)
 
+    x = sub.add_parser(
+        "explain",
+        help="which known ratings moved a prediction of an artifact, by how much (one JSON line per item, "
+        "as POST /predict with explain answers; exact inference only)",
+    )
+    x.add_argument("--artifacts", required=True)
+    x.add_argument("--user", required=True, help="external user id")
+    x.add_argument("--item", required=True, action="append", help="external item id (repeatable)")
+    x.add_argument("-k", type=int, default=5, help="known ratings to list per prediction (default 5)")
+    x.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="inference.GROUP.NAME=VALUE",
+        help="override an inference setting of the artifact, as `dcmc evaluate --set` (repeatable)",
+    )
+    x.set_defaults(func=_cmd_explain)
+
     d = sub.add_parser("data", help="dataset utilities")
     dsub = d.add_subparsers(dest="data_command", required=True)
     dl = dsub.add_parser("download", help="download a public dataset and verify its sha256")
@@ -448,7 +501,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args))
-    except (DataError, ConfigError, ArtifactError, UnknownIdError, TrainingError, ExportError) as exc:
+    except (
+        DataError,
+        ConfigError,
+        ArtifactError,
+        UnknownIdError,
+        TrainingError,
+        ExportError,
+        CannotExplain,
+    ) as exc:
         print(f"dcmc {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

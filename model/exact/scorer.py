@@ -24,6 +24,7 @@ from model.engine import (
 )
 from model.exact.affinity import Affinity, CoRatingGram, SparseAffinity, co_rating_affinity, co_rating_rows
 from model.exact.baseline import BiasModel, baseline_mixture
+from model.exact.explain import Explanation, explain
 from model.exact.field import KnownField, LevelInterpolation, known_field
 from model.exact.lines import Lines
 from model.exact.messages import ClampedRows, ColumnMajor, Distributions, FactorizedGraph, clamped_sums
@@ -378,6 +379,11 @@ class ExactScorer:
             known.cols, known.rows, known.values, net.n_items, net.n_users,
             k.co_rating_power, k.co_rating_shrink, what="users",
         )  # fmt: skip
+
+    def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
+        """The `k` known ratings that moved each prediction (user, items[q]) most, with their exact effects
+        (model/exact/explain.py)."""
+        return explain(self, user, items, k)
 
     def online_tables(self) -> dict[str, np.ndarray]:
         """What `updated` built that the ratings alone do not give back (the sparse user table keeps each

@@ -7,10 +7,11 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
 from service.consistency import After, wait_applied
 from service.deps import scorer_of
-from service.errors import too_long, unknown_ids
+from service.errors import invalid, too_long, unknown_ids
 from service.schemas import PredictRequest, PredictResponse
 from service.scoring import ServedModel
 from service.settings import Settings
@@ -24,7 +25,7 @@ router = APIRouter(tags=["predictions"])
     response_model_exclude_none=True,
     responses={
         404: {"description": "Unknown user or item ids (all listed)"},
-        422: {"description": "Empty, oversized or mistyped request"},
+        422: {"description": "Empty, oversized or mistyped request; `explain` in a mode that cannot explain"},
         503: {"description": "The model is loading, or `after` was not applied in time (see Retry-After)"},
     },
 )
@@ -37,13 +38,22 @@ async def predict(body: PredictRequest, request: Request, after: After = None) -
     scorer, settings = scorer_of(request), request.app.state.settings
     await wait_applied(scorer, after, settings.read_after_timeout_s)
     if scorer.blocking:  # tens of ms of numpy: keep the event loop free
-        payload = await run_in_threadpool(answer, scorer, settings, body.user, body.items, body.distribution)
+        payload = await run_in_threadpool(
+            answer, scorer, settings, body.user, body.items, body.distribution, body.explain
+        )
     else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
-        payload = answer(scorer, settings, body.user, body.items, body.distribution)
+        payload = answer(scorer, settings, body.user, body.items, body.distribution, body.explain)
     return Response(payload, media_type="application/json")
 
 
-def answer(scorer: ServedModel, settings: Settings, user: str, items: list[str], distribution: bool) -> bytes:
+def answer(
+    scorer: ServedModel,
+    settings: Settings,
+    user: str,
+    items: list[str],
+    distribution: bool,
+    explain: bool = False,
+) -> bytes:
     """The JSON of POST /predict's 200 for a parsed body (`PredictRequest`'s fields); HTTPException for an
     oversized request (422) or unknown ids (404, all listed). The route and its fast path
     (service/fastpath.py) both answer with it."""
@@ -75,6 +85,13 @@ def answer(scorer: ServedModel, settings: Settings, user: str, items: list[str],
         predictions = [{"item": item, "rating": r} for item, r in zip(items, ratings.tolist(), strict=True)]
     for k in np.flatnonzero(fallback).tolist():  # a new item the network cannot embed yet
         predictions[k]["fallback"] = "baseline"
+    if explain:
+        try:
+            explanations = scorer.explain(user_idx, items_idx, settings.explain_k, state)
+        except CannotExplain as exc:
+            raise invalid(["body", "explain"], "cannot_explain", str(exc)) from None
+        for prediction, explanation in zip(predictions, explanations, strict=True):
+            prediction["explanation"] = explanation
     payload = {
         "user": user,
         "model_version": scorer.version,

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
+from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
+from model.online import OnlineState
 from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import check_k, invalid, unknown_ids
-from service.recommend import POPULAR_SHRINKAGE, recommend, split_ids
+from service.recommend import POPULAR_REASON, POPULAR_SHRINKAGE, recommend, split_ids
+from service.schemas import Explanation
+from service.scoring import ServedModel
 
 router = APIRouter(tags=["recommendations"])
 
@@ -25,6 +30,7 @@ class Recommendation(BaseModel):
     rating: float = Field(
         description="Predicted rating; with `fallback: popular`, the item's shrunk mean rating instead."
     )
+    explanation: Explanation | None = Field(default=None, description="With `explain=true`.")
 
 
 class RecommendResponse(BaseModel):
@@ -87,6 +93,13 @@ async def recommend_items(
         str | None, Query(description="Removed from the candidates. " + _ID_LIST.format(name="exclude"))
     ] = None,
     after: After = None,
+    explain: Annotated[
+        bool,
+        Query(
+            description="Also say which known ratings moved each recommended item's predicted rating, by "
+            "how much (`exact` inference only; 422 otherwise)"
+        ),
+    ] = False,
 ) -> Response:
     """The k items with the highest predicted rating that the user has not rated, best first (ties by
     item index); fewer when fewer candidates remain.
@@ -107,10 +120,13 @@ async def recommend_items(
         raise unknown_ids(exc) from None
     allow = scorer.item_indices(allow_ids) if allow_ids is not None else None
     excluded = scorer.item_indices(exclude_ids) if exclude_ids is not None else None
+    state = scorer.state  # one model state for the ranking and its explanations
     if scorer.blocking:  # tens of ms of numpy: keep the event loop free
-        best, scores, fallback = await run_in_threadpool(recommend, scorer, user_id, k, allow, excluded)
+        best, scores, fallback = await run_in_threadpool(
+            recommend, scorer, user_id, k, allow, excluded, state
+        )
     else:
-        best, scores, fallback = recommend(scorer, user_id, k, allow, excluded)
+        best, scores, fallback = recommend(scorer, user_id, k, allow, excluded, state)
     # Serialised here rather than through RecommendResponse (which documents the shape in OpenAPI), as
     # POST /predict does.
     payload: dict[str, object] = {
@@ -120,7 +136,27 @@ async def recommend_items(
     }
     if fallback:
         payload["fallback"] = "popular"
-    payload["recommendations"] = [
+    recommendations: list[dict[str, object]] = [
         {"item": scorer.item_id(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
     ]
+    if explain:
+        for rec, why in zip(
+            recommendations, _explanations(scorer, state, user_id, best, fallback), strict=True
+        ):
+            rec["explanation"] = why
+    payload["recommendations"] = recommendations
     return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def _explanations(
+    scorer: ServedModel, state: OnlineState, user_id: str, best: np.ndarray, fallback: bool
+) -> list[dict[str, Any]]:
+    """`ServedModel.explain` of the recommended items (422 where the mode cannot explain), or, for the
+    popular list, a reason each."""
+    try:
+        if fallback:
+            state.scorer.explain(0, np.empty(0, dtype=np.int64), 1)  # a mode that cannot explain says so
+            return [{"reason": POPULAR_REASON} for _ in best]
+        return scorer.explain(scorer.user_index(user_id, state), best, scorer.settings.explain_k, state)
+    except CannotExplain as exc:
+        raise invalid(["query", "explain"], "cannot_explain", str(exc)) from None

@@ -277,3 +277,35 @@ def test_demo_trains_with_the_search_on(tmp_path: Path, monkeypatch: pytest.Monk
     from training.tune import MIN_VALIDATION
 
     assert split.val is not None and len(split.val) >= MIN_VALIDATION
+
+
+def test_explain_prints_what_the_scorer_explains(
+    tiny_artifact: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model.artifact import load_artifact
+    from model.scorers import artifact_scorer
+    from training.cli import main
+
+    exact = ["--set", "inference.mode=exact", "--set", "inference.kernel.known=clamped"]
+    exact += ["--set", "inference.kernel.same_user=20"]
+    argv = ["explain", "--artifacts", str(tiny_artifact), "--user", "u4", "--item", "i7", "--item", "i30"]
+    assert main([*argv, *exact, "-k", "3"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    artifact = load_artifact(tiny_artifact)
+    settings = {"mode": "exact", "kernel.known": "clamped", "kernel.same_user": 20}
+    inference = artifact.inference.with_overrides(settings)
+    _, scorer = artifact_scorer(artifact, inference)
+    items = artifact.items.indices(["i7", "i30"])
+    expected = scorer.explain(int(artifact.users.indices(["u4"])[0]), items, 3)
+    assert [line["item"] for line in lines] == ["i7", "i30"]
+    for line, e in zip(lines, expected, strict=True):
+        assert line["rating"] == e.rating and line["explanation"]["network"] == e.network
+        because = line["explanation"]["because"]
+        assert [b["effect"] for b in because] == e.effects.tolist() and len(because) == 3
+        known = artifact.known()
+        assert [(b["user"], b["item"]) for b in because] == [
+            (artifact.users.ids[int(known.rows[p])], artifact.items.ids[int(known.cols[p])]) for p in e.known
+        ]
+    assert main(argv) == 2  # the tiny preset serves `paper`: a clean error, no traceback
+    err = capsys.readouterr().err
+    assert "cannot explain" in err and "Traceback" not in err
