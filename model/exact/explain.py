@@ -18,7 +18,8 @@ query's row and column weigh at most max s_r(i, .) max s_c(j, .) <= 1 each, agai
 for the user's own ratings. `explain` scores the ratings on the query's row and column exactly, then
 bounds what any other can move the answer (a logit shift of oscillation d moves the distribution by at
 most 1 - exp(-d) in total variation, so the expected rating by at most (L_p - L_1) times that); only when
-the bound does not clear the k-th largest effect are all N weighed, so the list is exact either way.
+the bound does not clear the k-th largest effect are the others weighed (a product each) and scored where
+their own bound clears it, so the list is exact either way.
 
 The network's own use of the rating row (the row branch embeds the user from the ratings) is not
 decomposed: an explanation holds the network's outputs fixed.
@@ -93,6 +94,12 @@ class _User:
         a, b = scorer.user_lifted, scorer.item_lifted
         self.user_sim = a[: known.n_users] @ a[user]  # s_r(i, .)
         self.item_sims = b[: known.n_items] @ b[items].T  # (m, K): s_c(j, .) of each query's item
+        top2 = (
+            -np.partition(-self.item_sims, 1, axis=0)[:2] if known.n_items > 1 else np.zeros((2, len(items)))
+        )
+        own = self.item_sims[np.minimum(items, known.n_items - 1), np.arange(len(items))]
+        # the largest s_c(j, j') over j' != j: the second largest where the largest is j's own
+        self.item_max = np.where((items < known.n_items) & (top2[0] == own), top2[1], top2[0])
         self.row = known.by_row.of(user) if user < known.n_users else np.empty(0, dtype=np.int64)
         others = np.delete(self.user_sim, user) if user < len(self.user_sim) else self.user_sim
         self.user_max = float(others.max(initial=0.0))
@@ -135,7 +142,7 @@ class _Query:
         self.item_line = np.zeros(known.n_items)  # w(j, .), the item co-rating weights
         if lines is not None and lines.co_rating > 0 and lines.affinity is not None:
             lines.affinity.add_line(self.item_line, self.item, 1.0)
-        self.rating = float(self._ratings(np.zeros(1), np.zeros(1, dtype=np.int64))[0])
+        self.rating = float(self.read(shared.num[q], shared.den[q])[0])
 
     def weights(self, positions: IntArray) -> FloatArray:
         """k_l of the known entries at `positions` (module docstring)."""
@@ -153,8 +160,14 @@ class _Query:
     def _ratings(self, k: FloatArray, labels: IntArray) -> FloatArray:
         """The predictions with the terms of weights `k` and labels `labels` taken out, one each: (K,)."""
         u, q = self.u, self.q
-        num = u.num[q][None] - k[:, None] * u.compat[labels]
-        msg = num / (u.den[q] - k)[:, None] if u.normalized else num * u.scale
+        return self.read(u.num[q][None] - k[:, None] * u.compat[labels], u.den[q] - k)
+
+    def read(self, num: FloatArray, den: FloatArray | float) -> FloatArray:
+        """The predictions of messages with these sums: numerators (K, p) (or (p,)), and normalisers (K,)
+        (read under `normalized` alone): the posterior, mixed with the baseline, as a clipped rating."""
+        u, q = self.u, self.q
+        num = np.atleast_2d(num)
+        msg = num / np.reshape(den, (-1, 1)) if u.normalized else num * u.scale
         expected = expected_rating(softmax(u.floored[q][None] - u.gamma * msg), u.levels)
         if u.weight:
             expected = (1.0 - u.weight) * expected + u.weight * u.baseline[q]
@@ -164,32 +177,42 @@ class _Query:
     def _effects(self, positions: IntArray) -> FloatArray:
         return self.rating - self._ratings(self.weights(positions), self.u.labels[positions])
 
-    def _bound(self) -> float:
-        """The most any known rating off the query's row and column can move the prediction."""
+    def _bound(self, k: FloatArray) -> FloatArray:
+        """The most a known rating of weight `k` off the query's row and column can move the prediction,
+        whatever its label: (len(k),), increasing in k."""
         u, q = self.u, self.q
-        others = np.delete(self.item_sim, self.item) if self.item < len(self.item_sim) else self.item_sim
-        k = u.user_max * float(others.max(initial=0.0))
         # Removing weight k of label v shifts the logits by gamma c (t_v - msg), c = k / (den - k) (or k
         # scale, and gamma c t_v, unnormalised): at most 1 - exp(-oscillation) in total variation.
         if u.normalized:
-            c, spread = k / max(u.den[q] - k, 1e-300), u.compat - (u.num[q] / u.den[q])[None]
+            c, spread = k / np.maximum(u.den[q] - k, 1e-300), u.compat - (u.num[q] / u.den[q])[None]
         else:
             c, spread = k * u.scale, u.compat
         osc = float((spread.max(axis=1) - spread.min(axis=1)).max()) * u.gamma * c
-        return (1.0 - u.weight) * float(u.levels[-1] - u.levels[0]) * -float(np.expm1(-osc))
+        out: FloatArray = (1.0 - u.weight) * float(u.levels[-1] - u.levels[0]) * -np.expm1(-osc)
+        return out
 
     def explain(self, k: int) -> Explanation:
         known, u = self.u.s.known, self.u
-        own = np.union1d(u.row, self.col)
-        itself = own[(known.rows[own] == u.user) & (known.cols[own] == self.item)]
-        candidates = np.setdiff1d(own, itself)
+        # The user's ratings and the item's others: a rating on both is the entry itself, never listed.
+        row, col = u.row[known.cols[u.row] != self.item], self.col[known.rows[self.col] != u.user]
+        candidates = np.concatenate([row, col])
         effects = self._effects(candidates)
-        ranked = np.argsort(-np.abs(effects), kind="stable")
-        kth = float(np.abs(effects[ranked[k - 1]])) if len(ranked) >= k else 0.0
-        if k > 0 and self._bound() > kth:  # another rating might rank: weigh them all
-            everyone = np.setdiff1d(np.arange(len(known)), itself)
-            candidates, effects = everyone, self._effects(everyone)
-            ranked = np.argsort(-np.abs(effects), kind="stable")
-        top = ranked[:k]
+        kth = (
+            float(np.partition(np.abs(effects), len(effects) - k)[len(effects) - k])
+            if len(effects) >= k
+            else 0.0
+        )
+        reach = u.user_max * float(u.item_max[self.q])  # the largest weight off the row and column
+        if k > 0 and float(self._bound(np.array([reach]))[0]) > kth:
+            # Some rating off the row and column might rank: weigh them all (their weight is the field's
+            # product of similarities alone) and score exactly those whose bound clears the k-th effect.
+            off = np.ones(len(known), dtype=bool)
+            off[u.row] = off[self.col] = False
+            rest = np.flatnonzero(off)
+            weight = u.user_sim[known.rows[rest]] * self.item_sim[known.cols[rest]]
+            rest = rest[self._bound(weight) > kth]
+            candidates = np.concatenate([candidates, rest])
+            effects = np.concatenate([effects, self._effects(rest)])
+        top = np.lexsort((candidates, -np.abs(effects)))[:k]  # largest |effect| first, ties by position
         network = float(u.network[self.q])
         return Explanation(self.rating, network, candidates[top], effects[top])
