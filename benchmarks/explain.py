@@ -80,7 +80,7 @@ def faithfulness(artifacts: Path, data_dir: Path, entries: int, check: int, seed
     from model.artifact import load_artifact
     from model.engine import expected_rating
     from model.exact import known_field
-    from model.exact.explain import _Query, _User
+    from model.exact.explain import Queries
     from model.ratings import Ratings
     from model.scorers import artifact_scorer
     from training.data import load_dataset
@@ -103,19 +103,18 @@ def faithfulness(artifacts: Path, data_dir: Path, entries: int, check: int, seed
     def direct(query: Any, gone: np.ndarray) -> float:
         """The prediction with `gone` taken out, from the direct sum over every other known rating."""
         kept = np.setdiff1d(everyone, gone)
-        k = query.weights(kept)
-        t = query.u.compat[query.u.labels[kept]]
-        num, den = (k[:, None] * t).sum(axis=0), k.sum()
+        k = query.weights(np.zeros(len(kept), dtype=np.int64), kept)
+        num = (k[:, None] * query.compat[query.labels[kept]]).sum(axis=0)
         lines = scorer.lines
-        den = den + (lines.prior_weight if lines is not None else 0.0)
-        return float(query.read(num, den)[0])
+        den = k.sum() + (lines.prior_weight if lines is not None else 0.0)
+        return float(query.read(np.zeros(1, dtype=np.int64), num[None], np.array([den]))[0])
 
     for n, (user, item) in enumerate(zip(users.tolist(), items.tolist(), strict=True)):
-        query = _Query(_User(scorer, user, np.array([item])), 0)
-        e = query.explain(max(SIZES))
+        query = Queries(scorer, user, np.array([item]))
+        (e,) = query.explain(max(SIZES))
         full = direct(query, np.empty(0, dtype=np.int64))
         assert abs(full - e.rating) < 1e-9, (full, e.rating)  # the direct sum is the prediction
-        own = np.setdiff1d(np.union1d(query.u.row, query.col), e.known)
+        own = np.setdiff1d(np.union1d(query.row, query.column(0)), e.known)
         for m in SIZES:
             moved["explained"][m].append(abs(full - direct(query, e.known[:m])))
             moved["line"][m].append(

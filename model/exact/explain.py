@@ -78,34 +78,39 @@ def explain(scorer: ExactScorer, user: int, items: IntArray, k: int) -> list[Exp
     items = np.asarray(items, dtype=np.int64)
     if not len(items):
         return []
-    shared = _User(scorer, user, items)
-    return [_Query(shared, q).explain(k) for q in range(len(items))]
+    return Queries(scorer, user, items).explain(k)
 
 
-class _User:
-    """What one user's queries share: the similarities to the user, the whole messages' sums of every
-    query (read the scorer's way, in one pass), the decoder's scores."""
+class Queries:
+    """One user's queries: their messages' whole sums (read the scorer's way, in one pass), from which
+    taking out any known rating's term is read exactly, for all the queries at once."""
 
     def __init__(self, scorer: ExactScorer, user: int, items: IntArray) -> None:
         self.s, self.user, self.items = scorer, user, items
         net, known, lines = scorer.network, scorer.known, scorer.lines
+        self.known, self.lines = known, lines
         self.levels, self.compat, self.gamma = net.levels, scorer.compat, scorer.crf.gamma
         self.labels = known.labels(net.levels)
         a, b = scorer.user_lifted, scorer.item_lifted
-        self.user_sim = a[: known.n_users] @ a[user]  # s_r(i, .)
-        self.item_sims = b[: known.n_items] @ b[items].T  # (m, K): s_c(j, .) of each query's item
-        top2 = (
-            -np.partition(-self.item_sims, 1, axis=0)[:2] if known.n_items > 1 else np.zeros((2, len(items)))
-        )
-        own = self.item_sims[np.minimum(items, known.n_items - 1), np.arange(len(items))]
-        # the largest s_c(j, j') over j' != j: the second largest where the largest is j's own
-        self.item_max = np.where((items < known.n_items) & (top2[0] == own), top2[1], top2[0])
-        self.row = known.by_row.of(user) if user < known.n_users else np.empty(0, dtype=np.int64)
-        others = np.delete(self.user_sim, user) if user < len(self.user_sim) else self.user_sim
+        n, m, queries = known.n_users, known.n_items, np.arange(len(items))
+        self.user_sim = a[:n] @ a[user]  # s_r(i, .)
+        self.item_sims = b[items] @ b[:m].T  # (K, m): s_c(j, .) of each query's item
+        # the largest similarity to another user, to another item (what reaches off the row and column)
+        others = self.user_sim.copy()
+        others[user if user < n else slice(0, 0)] = -np.inf
         self.user_max = float(others.max(initial=0.0))
-        self.user_line = np.zeros(known.n_users)  # w_u(i, .)
+        inside = items < m
+        saved = self.item_sims[queries[inside], items[inside]].copy()
+        self.item_sims[queries[inside], items[inside]] = -np.inf
+        self.item_max = self.item_sims.max(axis=1, initial=0.0)
+        self.item_sims[queries[inside], items[inside]] = saved
+        self.user_line = np.zeros(n)  # w_u(i, .)
+        self.item_lines = np.zeros((len(items), m))  # w(j, .) of each query's item
         if lines is not None and lines.co_rating_user > 0 and lines.user_affinity is not None:
             lines.user_affinity.add_line(self.user_line, user, 1.0)
+        if lines is not None and lines.co_rating > 0 and lines.affinity is not None:
+            for q in queries[inside].tolist():
+                lines.affinity.add_line(self.item_lines[q], int(items[q]), 1.0)
         f = scorer.field
         self.normalized = scorer.kernel.scaling == "normalized"
         forms = b[items] @ np.matmul(a[user], f.stacked(self.normalized)).T  # (K, p [+ 1])
@@ -127,92 +132,106 @@ class _User:
         self.baseline = np.zeros(len(items))
         if scorer.biases is not None:
             self.baseline = np.clip(scorer.biases.predict(user, items), lo, hi)
+        self.row = known.by_row.of(user) if user < n else np.empty(0, dtype=np.int64)
+        self.ratings = self.read(queries, self.num, self.den)
 
+    def column(self, q: int) -> IntArray:
+        """Positions of the known ratings of query q's item."""
+        item = int(self.items[q])
+        return self.known.by_col.of(item) if item < self.known.n_items else np.empty(0, dtype=np.int64)
 
-class _Query:
-    """One query's sums, from which removing any known rating's term is read exactly."""
-
-    def __init__(self, shared: _User, q: int) -> None:
-        self.u, self.q = shared, q
-        self.item = int(shared.items[q])
-        known = shared.s.known
-        self.col = known.by_col.of(self.item) if self.item < known.n_items else np.empty(0, dtype=np.int64)
-        self.item_sim = shared.item_sims[:, q]
-        lines = shared.s.lines
-        self.item_line = np.zeros(known.n_items)  # w(j, .), the item co-rating weights
-        if lines is not None and lines.co_rating > 0 and lines.affinity is not None:
-            lines.affinity.add_line(self.item_line, self.item, 1.0)
-        self.rating = float(self.read(shared.num[q], shared.den[q])[0])
-
-    def weights(self, positions: IntArray) -> FloatArray:
-        """k_l of the known entries at `positions` (module docstring)."""
-        u = self.u
-        known, lines = u.s.known, u.s.lines
+    def weights(self, owner: IntArray, positions: IntArray) -> FloatArray:
+        """k_l of the known entries at `positions` for the queries `owner` (module docstring)."""
+        known, lines = self.known, self.lines
         rows, cols = known.rows[positions], known.cols[positions]
-        k = u.user_sim[rows] * self.item_sim[cols]
+        item_sim = self.item_sims[owner, cols]
+        k = self.user_sim[rows] * item_sim
         if lines is not None:
-            on_row, on_col = rows == u.user, cols == self.item
-            k += on_row * (lines.same_user * self.item_sim[cols] + lines.co_rating * self.item_line[cols])
-            k += on_col * (lines.same_item * u.user_sim[rows] + lines.co_rating_user * u.user_line[rows])
+            on_row, on_col = rows == self.user, cols == self.items[owner]
+            k += on_row * (lines.same_user * item_sim + lines.co_rating * self.item_lines[owner, cols])
+            k += on_col * (
+                lines.same_item * self.user_sim[rows] + lines.co_rating_user * self.user_line[rows]
+            )
         out: FloatArray = k
         return out
 
-    def _ratings(self, k: FloatArray, labels: IntArray) -> FloatArray:
-        """The predictions with the terms of weights `k` and labels `labels` taken out, one each: (K,)."""
-        u, q = self.u, self.q
-        return self.read(u.num[q][None] - k[:, None] * u.compat[labels], u.den[q] - k)
-
-    def read(self, num: FloatArray, den: FloatArray | float) -> FloatArray:
-        """The predictions of messages with these sums: numerators (K, p) (or (p,)), and normalisers (K,)
-        (read under `normalized` alone): the posterior, mixed with the baseline, as a clipped rating."""
-        u, q = self.u, self.q
-        num = np.atleast_2d(num)
-        msg = num / np.reshape(den, (-1, 1)) if u.normalized else num * u.scale
-        expected = expected_rating(softmax(u.floored[q][None] - u.gamma * msg), u.levels)
-        if u.weight:
-            expected = (1.0 - u.weight) * expected + u.weight * u.baseline[q]
-        out: FloatArray = np.clip(expected, u.levels[0], u.levels[-1])
+    def read(self, owner: IntArray, num: FloatArray, den: FloatArray) -> FloatArray:
+        """The predictions of the queries `owner` from messages with these sums: numerators (K, p) and
+        normalisers (K,) (read under `normalized` alone): the posterior, mixed with the baseline, as a
+        clipped rating."""
+        msg = num / den[:, None] if self.normalized else num * self.scale
+        expected = expected_rating(softmax(self.floored[owner] - self.gamma * msg), self.levels)
+        if self.weight:
+            expected = (1.0 - self.weight) * expected + self.weight * self.baseline[owner]
+        out: FloatArray = np.clip(expected, self.levels[0], self.levels[-1])
         return out
 
-    def _effects(self, positions: IntArray) -> FloatArray:
-        return self.rating - self._ratings(self.weights(positions), self.u.labels[positions])
+    def effects(self, owner: IntArray, positions: IntArray) -> FloatArray:
+        """Each query's prediction minus its prediction without the term of the rating at `positions`."""
+        k = self.weights(owner, positions)
+        num = self.num[owner] - k[:, None] * self.compat[self.labels[positions]]
+        out: FloatArray = self.ratings[owner] - self.read(owner, num, self.den[owner] - k)
+        return out
 
-    def _bound(self, k: FloatArray) -> FloatArray:
-        """The most a known rating of weight `k` off the query's row and column can move the prediction,
-        whatever its label: (len(k),), increasing in k."""
-        u, q = self.u, self.q
+    def bound(self, q: int, k: FloatArray) -> FloatArray:
+        """The most a known rating of weight `k` off query q's row and column can move its prediction,
+        whatever its label: increasing in k."""
         # Removing weight k of label v shifts the logits by gamma c (t_v - msg), c = k / (den - k) (or k
         # scale, and gamma c t_v, unnormalised): at most 1 - exp(-oscillation) in total variation.
-        if u.normalized:
-            c, spread = k / np.maximum(u.den[q] - k, 1e-300), u.compat - (u.num[q] / u.den[q])[None]
+        if self.normalized:
+            c, spread = k / np.maximum(self.den[q] - k, 1e-300), self.compat - self.num[q] / self.den[q]
         else:
-            c, spread = k * u.scale, u.compat
-        osc = float((spread.max(axis=1) - spread.min(axis=1)).max()) * u.gamma * c
-        out: FloatArray = (1.0 - u.weight) * float(u.levels[-1] - u.levels[0]) * -np.expm1(-osc)
+            c, spread = k * self.scale, self.compat
+        widest = float((spread.max(axis=1) - spread.min(axis=1)).max())
+        out: FloatArray = (
+            (1.0 - self.weight)
+            * float(self.levels[-1] - self.levels[0])
+            * -np.expm1(-self.gamma * c * widest)
+        )
         return out
 
-    def explain(self, k: int) -> Explanation:
-        known, u = self.u.s.known, self.u
-        # The user's ratings and the item's others: a rating on both is the entry itself, never listed.
-        row, col = u.row[known.cols[u.row] != self.item], self.col[known.rows[self.col] != u.user]
-        candidates = np.concatenate([row, col])
-        effects = self._effects(candidates)
-        kth = (
-            float(np.partition(np.abs(effects), len(effects) - k)[len(effects) - k])
-            if len(effects) >= k
-            else 0.0
+    def explain(self, k: int) -> list[Explanation]:
+        known, items, queries = self.known, self.items, np.arange(len(self.items))
+        # Each query's user's ratings and its item's others (a rating on both is the entry itself, never
+        # listed), all queries in one pass.
+        cols = [self.column(q) for q in queries.tolist()]
+        row_cols = known.cols[self.row]
+        owner = np.concatenate(
+            [np.repeat(queries, len(self.row)), np.repeat(queries, [len(c) for c in cols])]
         )
-        reach = u.user_max * float(u.item_max[self.q])  # the largest weight off the row and column
-        if k > 0 and float(self._bound(np.array([reach]))[0]) > kth:
-            # Some rating off the row and column might rank: weigh them all (their weight is the field's
-            # product of similarities alone) and score exactly those whose bound clears the k-th effect.
-            off = np.ones(len(known), dtype=bool)
-            off[u.row] = off[self.col] = False
-            rest = np.flatnonzero(off)
-            weight = u.user_sim[known.rows[rest]] * self.item_sim[known.cols[rest]]
-            rest = rest[self._bound(weight) > kth]
-            candidates = np.concatenate([candidates, rest])
-            effects = np.concatenate([effects, self._effects(rest)])
-        top = np.lexsort((candidates, -np.abs(effects)))[:k]  # largest |effect| first, ties by position
-        network = float(u.network[self.q])
-        return Explanation(self.rating, network, candidates[top], effects[top])
+        positions = np.concatenate([np.tile(self.row, len(items)), *cols]).astype(np.int64)
+        keep = np.concatenate(
+            [(row_cols[None] != items[:, None]).ravel(), *[known.rows[c] != self.user for c in cols]]
+        )
+        owner, positions = owner[keep], positions[keep]
+        effects = self.effects(owner, positions)
+        order = np.lexsort((positions, -np.abs(effects), owner))  # by query, largest |effect| first
+        owner, positions, effects = owner[order], positions[order], effects[order]
+        starts = np.searchsorted(owner, queries)
+        counts = np.searchsorted(owner, queries, side="right") - starts
+        kth = np.where(counts >= k, np.abs(effects[np.minimum(starts + k - 1, len(effects) - 1)]), 0.0)
+        reach = self.user_max * self.item_max  # the largest weight off each query's row and column
+        out = []
+        for q in queries.tolist():
+            got = slice(starts[q], starts[q] + min(k, counts[q]))
+            top_pos, top_eff = positions[got], effects[got]
+            if k > 0 and self.bound(q, reach[q : q + 1])[0] > kth[q]:
+                top_pos, top_eff = self._widened(q, k, float(kth[q]), top_pos, top_eff)
+            out.append(Explanation(float(self.ratings[q]), float(self.network[q]), top_pos, top_eff))
+        return out
+
+    def _widened(
+        self, q: int, k: int, kth: float, top_pos: IntArray, top_eff: FloatArray
+    ) -> tuple[IntArray, FloatArray]:
+        """Query q's top k once the ratings off its row and column are weighed too (their weight is the
+        field's product of similarities alone) and scored where their own bound clears the k-th effect."""
+        known = self.known
+        off = np.ones(len(known), dtype=bool)
+        off[self.row] = off[self.column(q)] = False
+        rest = np.flatnonzero(off)
+        weight = self.user_sim[known.rows[rest]] * self.item_sims[q, known.cols[rest]]
+        rest = rest[self.bound(q, weight) > kth]
+        positions = np.concatenate([top_pos, rest])
+        effects = np.concatenate([top_eff, self.effects(np.full(len(rest), q), rest)])
+        top = np.lexsort((positions, -np.abs(effects)))[:k]
+        return positions[top], effects[top]
