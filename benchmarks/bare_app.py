@@ -1,4 +1,4 @@
-"""The HTTP floor of benchmarks/serve_floor.py: FastAPI with one route, run by the same uvicorn."""
+"""The HTTP floor of benchmarks/serve.py floor: FastAPI with one route, run by the same uvicorn."""
 
 from fastapi import FastAPI
 

@@ -1,6 +1,6 @@
 """The fast paths of POST /predict and POST /ratings: a pure ASGI middleware that answers a well-formed
 request without FastAPI's routing, dependency resolution and body handling, which cost more per request
-than a prediction from a cached user row (benchmarks/serve_floor.py) and than storing a rating in Redis.
+than a prediction from a cached user row (benchmarks/serve.py floor) and than storing a rating in Redis.
 
 It parses the body with pydantic-core (string ids: `StringIds`, `StringRatings`) and answers with the
 function the FastAPI route answers with (`service.routes.predict.answer`, `service.routes.ratings.store`):

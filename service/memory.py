@@ -13,7 +13,7 @@ system when freed (`tune_allocator`)."""
 TRIM_THRESHOLD = 64 * 2**20
 """Free memory at the top of the heap that glibc keeps on a free rather than handing back. Fixing the mmap
 threshold turns glibc's dynamic adjustment off, and its 128 KiB default then made requests shrink and
-regrow the heap: /recommend without a cached row took twice as long (benchmarks/serve_floor.py). A
+regrow the heap: /recommend without a cached row took twice as long (benchmarks/serve.py floor). A
 /recommend over the synthetic Epinions catalogue (139,738 items) holds 16 to 64 MiB of temporaries: at
 16 MiB the heap was handed back and refaulted on every request (53 ms per request instead of 38, timed
 in process). A fold-in's `release_memory` hands the rest back."""
@@ -30,7 +30,7 @@ def tune_allocator() -> None:
     """Fix glibc's mmap and trim thresholds (MMAP_THRESHOLD, TRIM_THRESHOLD). Each online rating builds a
     new model state of large arrays and drops the last one; with glibc's defaults the mmap threshold rises
     to the largest array freed, such arrays then come from the heap, and a worker's memory grew with the
-    ratings it folded in (benchmarks/soak.py; docs/online.md). Nothing where there is no glibc."""
+    ratings it folded in (benchmarks/serve.py soak; docs/online.md). Nothing where there is no glibc."""
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)

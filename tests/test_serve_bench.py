@@ -1,4 +1,4 @@
-"""benchmarks/serve_floor.py's arithmetic: the floor of a run and the targets read from it."""
+"""benchmarks/serve.py floor's arithmetic: the floor of a run and the targets read from it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from serve_floor import floor, targets
+from serve import floor, targets
 
 
 def _run(rps: float, p50: float, p99: float) -> dict[str, Any]:
