@@ -66,33 +66,77 @@ FreshLines = FloatArray | Callable[[int, int], FloatArray]
 (lo, hi) giving the rows of lines[lo:hi]."""
 
 
-class DenseAffinity:
-    """A co-rating table held whole: (size, size) float64."""
+PATCHED_LINES_MAX = 256
+"""Replaced lines a dense table keeps beside its shared array (`DenseAffinity`) before it folds them in:
+one size^2 copy per this many changed lines, not one per applied batch."""
 
-    def __init__(self, table: FloatArray) -> None:
+
+class DenseAffinity:
+    """A co-rating table held whole: a shared (base, base) float64 array, never written, and the lines
+    replaced since (`with_lines`) as rows of their own, which take precedence over it (and, the table
+    being symmetric, their columns too); lines past the array (added by `grown`) are empty until
+    replaced. An online batch so costs its lines, not a copy of the table; the replaced lines are folded
+    into a new array once there are PATCHED_LINES_MAX of them."""
+
+    def __init__(
+        self,
+        table: FloatArray,
+        size: int | None = None,
+        patched: IntArray | None = None,
+        rows: FloatArray | None = None,
+    ) -> None:
         self.table = table
+        self.size = len(table) if size is None else size
+        self.patched = np.empty(0, dtype=np.int64) if patched is None else patched  # sorted line ids
+        self.patch_rows = np.empty((0, self.size)) if rows is None else rows  # (len(patched), size)
+        self._slot = np.full(self.size, -1, dtype=np.int64)  # line -> its row in patch_rows, or -1
+        self._slot[self.patched] = np.arange(len(self.patched))
 
     def __len__(self) -> int:
-        return len(self.table)
+        return self.size
+
+    def _base_block(self, a: IntArray, b: IntArray) -> FloatArray:
+        """The shared array's w(a[i], b[j]), 0 past its lines: (len(a), len(b))."""
+        n = len(self.table)
+        out = np.zeros((len(a), len(b)))
+        ia, ib = np.flatnonzero(a < n), np.flatnonzero(b < n)
+        out[np.ix_(ia, ib)] = self.table[np.ix_(a[ia], b[ib])]
+        return out
 
     def pairs(self, a: IntArray, b: IntArray) -> FloatArray:
         """w(a[k], b[k]) for each k."""
-        out: FloatArray = self.table[a, b]
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        n = len(self.table)
+        inside = (a < n) & (b < n)
+        out = np.zeros(len(a))
+        out[inside] = self.table[a[inside], b[inside]]
+        sa, sb = self._slot[a], self._slot[b]
+        cols, rows = np.flatnonzero(sb >= 0), np.flatnonzero(sa >= 0)
+        out[cols] = self.patch_rows[sb[cols], a[cols]]  # a replaced line's column
+        out[rows] = self.patch_rows[sa[rows], b[rows]]  # a replaced line's row
         return out
 
     def block(self, a: IntArray, b: IntArray) -> FloatArray:
         """w(a[i], b[j]): (len(a), len(b))."""
-        out: FloatArray = self.table[np.ix_(a, b)]
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        if not len(self.patched) and self.size == len(self.table):
+            out: FloatArray = self.table[np.ix_(a, b)]
+            return out
+        out = self._base_block(a, b)
+        sa, sb = self._slot[a], self._slot[b]
+        cols = np.flatnonzero(sb >= 0)
+        out[:, cols] = self.patch_rows[np.ix_(sb[cols], a)].T
+        rows = np.flatnonzero(sa >= 0)
+        out[rows] = self.patch_rows[np.ix_(sa[rows], b)]
         return out
 
     def rows(self, a: IntArray) -> FloatArray:
         """Whole lines: (len(a), size)."""
-        out: FloatArray = np.take(self.table, a, axis=0)
-        return out
+        return self.block(np.asarray(a, dtype=np.int64), np.arange(self.size))
 
     def weighted_lines(self, lines: IntArray, weights: FloatArray) -> FloatArray:
         """table[lines]^T weights: (size, q) for weights (len(lines), q)."""
-        out: FloatArray = np.take(self.table, lines, axis=0).T @ weights
+        out: FloatArray = self.rows(lines).T @ weights
         return out
 
     def add_weighted_lines(self, out: FloatArray, lines: IntArray, weights: FloatArray) -> None:
@@ -101,34 +145,63 @@ class DenseAffinity:
 
     def add_line(self, out: FloatArray, line: int, weight: float) -> None:
         """out += weight table[line, :len(out)] (a table grown past `out`'s lines reads their first)."""
-        out += weight * self.table[line, : len(out)]
+        slot = self._slot[line]
+        if slot >= 0:
+            out += weight * self.patch_rows[slot, : len(out)]
+            return
+        row = np.zeros(len(out))
+        n = min(len(self.table), len(out))
+        if line < len(self.table):
+            row[:n] = self.table[line, :n]
+        inside = self.patched[self.patched < len(out)]
+        row[inside] = self.patch_rows[self._slot[inside], line]  # the replaced lines' entries
+        out += weight * row
 
     def grown(self, size: int) -> Affinity:
-        """The table padded with zero lines (no neighbours) up to `size`; past DENSE_TABLE_MAX lines (new
-        users arriving online) a sparse one of each line's strongest pairs (`SparseAffinity.from_dense`):
-        a dense table of size^2 float64 would grow quadratically with them."""
-        if size <= len(self.table):
+        """The table with empty lines (no neighbours) up to `size`; past DENSE_TABLE_MAX lines (new users
+        arriving online) a sparse one of each line's strongest pairs (`SparseAffinity.from_dense`): a
+        dense table of size^2 float64 would grow quadratically with them. The shared array is kept."""
+        if size <= self.size:
             return self
         if size > DENSE_TABLE_MAX:
-            return SparseAffinity.from_dense(self.table, size)
-        out = np.zeros((size, size))
-        out[: len(self.table), : len(self.table)] = self.table
-        return DenseAffinity(out)
+            return SparseAffinity.from_dense(self.toarray(), size)
+        rows = np.zeros((len(self.patched), size))
+        rows[:, : self.size] = self.patch_rows
+        return DenseAffinity(self.table, size, self.patched, rows)
 
     def with_lines(self, lines: IntArray, fresh: FreshLines) -> DenseAffinity:
         """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size),
-        given whole or chunk by chunk (`FreshLines`)."""
-        table = self.table.copy()
-        for lo, hi, rows in _fresh_chunks(lines, fresh, len(table)):
-            table[lines[lo:hi], :] = rows
-            table[:, lines[lo:hi]] = rows.T
-        block = table[np.ix_(lines, lines)]  # exactly symmetric, as the table is: reads may take rows for
-        table[np.ix_(lines, lines)] = (block + block.T) / 2  # columns
-        return DenseAffinity(table)
+        given whole or chunk by chunk (`FreshLines`): kept as replaced lines, or folded into a new array
+        when there would be more than PATCHED_LINES_MAX."""
+        lines = np.asarray(lines, dtype=np.int64)
+        if len(np.union1d(self.patched, lines)) > PATCHED_LINES_MAX:
+            table = self.toarray().copy()
+            for lo, hi, rows in _fresh_chunks(lines, fresh, self.size):
+                table[lines[lo:hi], :] = rows
+                table[:, lines[lo:hi]] = rows.T
+            block = table[np.ix_(lines, lines)]  # exactly symmetric, as the table is: reads may take rows
+            table[np.ix_(lines, lines)] = (block + block.T) / 2  # for columns
+            return DenseAffinity(table)
+        new = np.concatenate([rows for _, _, rows in _fresh_chunks(lines, fresh, self.size)])
+        block = new[:, lines]
+        new[:, lines] = (block + block.T) / 2
+        keep = ~np.isin(self.patched, lines)
+        old = self.patch_rows[keep].copy()
+        old[:, lines] = new[:, self.patched[keep]].T  # the older replaced lines' entries at the new ones
+        patched = np.concatenate([self.patched[keep], lines])
+        order = np.argsort(patched, kind="stable")
+        return DenseAffinity(self.table, self.size, patched[order], np.vstack([old, new])[order])
 
     def toarray(self) -> FloatArray:
-        """The whole table as a dense array."""
-        return self.table
+        """The whole table as a dense array (the shared one itself while no line was replaced)."""
+        if not len(self.patched) and self.size == len(self.table):
+            return self.table
+        out = np.zeros((self.size, self.size))
+        n = len(self.table)
+        out[:n, :n] = self.table
+        out[self.patched, :] = self.patch_rows
+        out[:, self.patched] = self.patch_rows.T
+        return out
 
 
 class SparseAffinity:
