@@ -77,6 +77,28 @@ def lift(unit: FloatArray) -> FloatArray:
     return out
 
 
+def _embeddings(x: Array) -> FloatArray:
+    """Embeddings as a `Network` holds them: float32 kept as they are (an artifact's shared maps), anything
+    else as float64."""
+    x = np.asarray(x)
+    out: FloatArray = x if x.dtype == np.float32 else x.astype(np.float64, copy=False)
+    return out
+
+
+def _norms_lifted(rows: Array) -> tuple[FloatArray, FloatArray]:
+    """Embedding rows' norms and lifted unit rows (float64), each row on its own: the same numbers for a
+    row whether computed with the whole table or alone (`Network.with_rows`)."""
+    x = np.asarray(rows, dtype=np.float64)
+    norms = np.maximum(np.linalg.norm(x, axis=1), 1e-12)
+    return norms, lift(x / norms[:, None])  # normalize_rows, the same
+
+
+def _catalogue_scale(item_norms: FloatArray) -> np.ndarray:
+    """(m,) float32 1 / (sqrt(2) |e_j|): what the whole-catalogue products scale the float32 item rows by."""
+    out: np.ndarray = np.float32(1.0 / np.sqrt(2.0)) / item_norms.astype(np.float32)
+    return out
+
+
 def unlift(lifted: FloatArray) -> FloatArray:
     """The unit rows u of lifted rows a = [1, u] / sqrt(2): (n, d + 1) -> (n, d)."""
     out: FloatArray = lifted[:, 1:] * np.sqrt(2.0)
@@ -225,21 +247,16 @@ class Network:
 
     def __post_init__(self) -> None:
         for name in ("user_emb", "item_emb"):
-            x = np.asarray(getattr(self, name))
-            object.__setattr__(self, name, x if x.dtype == np.float32 else x.astype(np.float64, copy=False))
+            object.__setattr__(self, name, _embeddings(getattr(self, name)))
         if self.item_table is None and self.item_emb.dtype == np.float32:
             object.__setattr__(self, "item_table", self.item_emb)
         object.__setattr__(self, "bilinear", np.asarray(self.bilinear, dtype=np.float64))
         object.__setattr__(self, "levels", np.asarray(self.config.levels, dtype=np.float64))
-        users = np.asarray(self.user_emb, dtype=np.float64)
-        user_norms = np.maximum(np.linalg.norm(users, axis=1), 1e-12)
-        object.__setattr__(self, "user_norms", user_norms)
-        object.__setattr__(self, "user_lifted", lift(users / user_norms[:, None]))  # normalize_rows, the same
-        items = np.asarray(self.item_emb, dtype=np.float64)
-        norms = np.maximum(np.linalg.norm(items, axis=1), 1e-12)
-        object.__setattr__(self, "item_norms", norms)
-        object.__setattr__(self, "item_lifted", lift(items / norms[:, None]))  # normalize_rows, the same
-        object.__setattr__(self, "catalogue_scale", np.float32(1.0 / np.sqrt(2.0)) / norms.astype(np.float32))
+        for side in ("user", "item"):
+            norms, lifted = _norms_lifted(getattr(self, f"{side}_emb"))
+            object.__setattr__(self, f"{side}_norms", norms)
+            object.__setattr__(self, f"{side}_lifted", lifted)
+        object.__setattr__(self, "catalogue_scale", _catalogue_scale(self.item_norms))
 
     def with_rows(
         self,
@@ -255,10 +272,7 @@ class Network:
         tables'), the same numbers as `Network(...)` of them."""
         out = Network.__new__(Network)
         derived: dict[str, Any] = {"config": self.config, "bilinear": self.bilinear, "levels": self.levels}
-        arrays = {}
-        for name, x in (("user_emb", user_emb), ("item_emb", item_emb)):
-            x = np.asarray(x)
-            arrays[name] = x if x.dtype == np.float32 else x.astype(np.float64, copy=False)
+        arrays = {"user_emb": _embeddings(user_emb), "item_emb": _embeddings(item_emb)}
         if item_table is None and arrays["item_emb"].dtype == np.float32:
             item_table = arrays["item_emb"]
         derived.update(arrays, item_table=item_table)
@@ -273,12 +287,9 @@ class Network:
             norms[:n_old] = old_norms
             lifted = np.empty((n, old_lifted.shape[1]))
             lifted[:n_old] = old_lifted
-            rows = np.asarray(emb[redo], dtype=np.float64)
-            norms[redo] = np.maximum(np.linalg.norm(rows, axis=1), 1e-12)
-            lifted[redo] = lift(rows / norms[redo][:, None])
+            norms[redo], lifted[redo] = _norms_lifted(emb[redo])
             derived[f"{side}_norms"], derived[f"{side}_lifted"] = norms, lifted
-        # (m,) elementwise, as `__post_init__` makes it
-        derived["catalogue_scale"] = np.float32(1.0 / np.sqrt(2.0)) / derived["item_norms"].astype(np.float32)
+        derived["catalogue_scale"] = _catalogue_scale(derived["item_norms"])
         for name, value in derived.items():
             object.__setattr__(out, name, value)
         return out
