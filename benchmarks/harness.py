@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,41 @@ class Redis:
         return {k: str(got.get(k)) for k in ("appendonly", "appendfsync")}
 
 
+def wait_up(proc: subprocess.Popen[Any], probe: Callable[[], Any], what: str, timeout: float) -> None:
+    """Poll `probe()` (an HTTP request) until it answers 200; RuntimeError if `proc` exits first,
+    TimeoutError after `timeout` seconds."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if probe().status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not ready after {timeout}s")
+
+
+def bodies(artifacts: Path, n_items: int, count: int = 500, seed: int = 0) -> list[str]:
+    """`count` POST /predict bodies: a random user and `n_items` distinct random items each (seeded)."""
+    users = json.loads((artifacts / "user_ids.json").read_text())
+    items = json.loads((artifacts / "item_ids.json").read_text())
+    rng = np.random.default_rng(seed)
+    return [
+        json.dumps(
+            {
+                "user": users[rng.integers(len(users))],
+                "items": [items[j] for j in rng.choice(len(items), n_items, replace=False)],
+            },
+            separators=(",", ":"),
+        )
+        for _ in range(count)
+    ]
+
+
 class Service:
     """`dcmc serve` as a child process with a private environment (Redis, prefix, write token)."""
 
@@ -221,19 +256,8 @@ class Service:
         self.last_id: str | None = None  # the stream id of the last batch written through this helper
 
     def wait_ready(self, timeout: float = 180) -> Service:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dcmc serve exited with {self.proc.returncode} (log: {self.log.name})")
-            try:
-                if self.client.get("/ready").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.url} not ready after {timeout}s")
+        wait_up(self.proc, lambda: self.client.get("/ready"), f"dcmc serve (log: {self.log.name})", timeout)
+        return self
 
     def stop(self) -> None:
         self.client.close()

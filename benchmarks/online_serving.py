@@ -22,6 +22,7 @@ from harness import (
     TOKEN,
     Redis,
     Service,
+    bodies,
     emit,
     lua_list,
     record_header,
@@ -224,16 +225,6 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
     users = json.loads((base / "user_ids.json").read_text())
     items = json.loads((base / "item_ids.json").read_text())
     levels = [int(x) if float(x).is_integer() else float(x) for x in np.load(base / "levels.npy")]
-    rng = np.random.default_rng(0)
-    bodies = [
-        json.dumps(
-            {
-                "user": users[rng.integers(len(users))],
-                "items": [items[j] for j in rng.choice(len(items), 100, replace=False)],
-            }
-        )
-        for _ in range(500)
-    ]
     results: dict[str, Any] = {}
     with Redis() as redis_server, tempfile.TemporaryDirectory() as tmp:
         prefix = "online-speed"
@@ -246,7 +237,7 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
                 "ratings": Path(tmp) / "ratings.lua",
                 "recommend": Path(tmp) / "recommend.lua",
             }
-            scripts["predict"].write_text(PREDICT_LUA % lua_list(bodies))
+            scripts["predict"].write_text(PREDICT_LUA % lua_list(bodies(base, 100)))
             scripts["ratings"].write_text(
                 RATINGS_LUA % (lua_list(users), lua_list(items), ",".join(map(str, levels)), TOKEN)
             )

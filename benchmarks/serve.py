@@ -65,10 +65,12 @@ from harness import (
     TOKEN,
     Redis,
     Service,
+    bodies,
     commit_label,
     free_port,
     lua_list,
     run_wrk,
+    wait_up,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,39 +103,13 @@ class Bare:
     def wait_ready(self, timeout: float = 60) -> Bare:
         import httpx
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the bare app exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.url} not ready after {timeout}s")
+        wait_up(self.proc, lambda: httpx.get(self.url + "/health"), "the bare app", timeout)
+        return self
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             self.proc.wait(20)
-
-
-def bodies(artifacts: Path, n_items: int, count: int = 500, seed: int = 0) -> list[str]:
-    """`count` POST /predict bodies: a random user and `n_items` distinct random items each (seeded)."""
-    users = json.loads((artifacts / "user_ids.json").read_text())
-    items = json.loads((artifacts / "item_ids.json").read_text())
-    rng = np.random.default_rng(seed)
-    return [
-        json.dumps(
-            {
-                "user": users[rng.integers(len(users))],
-                "items": [items[j] for j in rng.choice(len(items), n_items, replace=False)],
-            },
-            separators=(",", ":"),
-        )
-        for _ in range(count)
-    ]
 
 
 def wrk(url: str, path: str, connections: int, duration: int, script: Path | None) -> dict[str, Any]:
