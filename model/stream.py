@@ -234,3 +234,61 @@ def redact_url(url: str) -> str:
         return shown + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
     except ValueError:
         return "<a Redis URL that cannot be parsed>"
+
+
+CLUSTER_PARAM = "cluster"
+"""The query parameter of a Redis URL that names one node of a Redis Cluster (`?cluster=true`)."""
+
+
+def cluster_url(url: str) -> tuple[str, bool]:
+    """(`url` without the `cluster` query parameter, whether it said true). ValueError for a value other
+    than true/false/yes/no/1/0."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [v.strip().lower() for k, v in pairs if k == CLUSTER_PARAM]
+    for flag in flags:
+        if flag not in ("true", "false", "yes", "no", "1", "0"):
+            raise ValueError(f"{redact_url(url)}: {CLUSTER_PARAM}={flag!r} is not true or false")
+    rest = urlencode([(k, v) for k, v in pairs if k != CLUSTER_PARAM])
+    plain = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
+    return plain, bool(flags) and flags[-1] in ("true", "yes", "1")
+
+
+def connect(url: str, **options: Any) -> Any:
+    """A Redis client of `url` with `options` (socket timeouts, retry): redis.Redis, or where the URL ends
+    in `?cluster=true` (one node of a Redis Cluster) a client that sends each command to the shard holding
+    its key (redis.cluster.RedisCluster). Every command the service and the trainer send touches one key,
+    and a transaction one key, so they run on a cluster as they are. The cluster client connects on its
+    first command, as redis.Redis does: a service starts while Redis is down and waits for it."""
+    import redis
+
+    plain, cluster = cluster_url(url)
+    if not cluster:
+        return redis.Redis.from_url(plain, **options)
+    return _Cluster(plain, options)
+
+
+class _Cluster:
+    """redis.cluster.RedisCluster made on first use; a cluster it cannot reach raises
+    redis.ConnectionError (what every caller handles), and the next command tries again."""
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self._url, self._options = url, options
+        self._client: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._client is None:
+            import redis
+            from redis.cluster import RedisCluster
+            from redis.exceptions import RedisClusterException
+
+            try:
+                self._client = RedisCluster.from_url(self._url, **self._options)
+            except RedisClusterException as exc:
+                raise redis.ConnectionError(f"Redis Cluster at {redact_url(self._url)}: {exc}") from None
+        return getattr(self._client, name)
+
+    def close(self) -> None:
+        """Release the connections (nothing when it never connected)."""
+        if self._client is not None:
+            self._client.close()

@@ -27,7 +27,9 @@ from model.stream import (
     Compacted,
     Entry,
     Poison,
+    cluster_url,
     compacted_key,
+    connect,
     entry_fields,
     identity_key,
     parse_entry,
@@ -61,7 +63,7 @@ class Durability:
 
 
 def _client(url: str, timeout_s: float) -> redis.Redis:
-    return redis.Redis.from_url(
+    return connect(  # type: ignore[no-any-return]
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
@@ -76,6 +78,7 @@ class RatingLog:
     def __init__(self, url: str, prefix: str, timeout_s: float, write_timeout_s: float | None = None) -> None:
         self.shown_url = redact_url(url)  # what logs show: never the password
         self.key = stream_key(prefix)
+        self.cluster = cluster_url(url)[1]
         self.dead_key = f"{self.key}:dead-letter"
         self.client = _client(url, timeout_s)
         # Writes wait for an fsync: a socket timeout of their own (`write_timeout_s`).
@@ -87,16 +90,21 @@ class RatingLog:
     def durability(self) -> Durability:
         """The server's persistence settings: durable only with an append-only file fsynced per write."""
         try:
-            config = self.client.config_get("append*")
+            if self.cluster:  # every primary: the stream's keys may live on any of them
+                nodes: Any = self.client.config_get("append*", target_nodes="primaries")
+            else:
+                nodes = {"": self.client.config_get("append*")}
         except redis.ResponseError as exc:  # CONFIG disabled (managed Redis): cannot tell
             return Durability(False, f"cannot read the server's persistence settings: {exc}")
-        aof, fsync = config.get("appendonly"), config.get("appendfsync")
-        if aof != "yes" or fsync != "always":
-            return Durability(
-                False,
-                f"appendonly={aof}, appendfsync={fsync}: acknowledged ratings can be lost when Redis "
-                "stops; run Redis with --appendonly yes --appendfsync always",
-            )
+        for node, config in sorted(nodes.items()):
+            aof, fsync = config.get("appendonly"), config.get("appendfsync")
+            if aof != "yes" or fsync != "always":
+                where = f" on {node}" if node else ""
+                return Durability(
+                    False,
+                    f"appendonly={aof}, appendfsync={fsync}{where}: acknowledged ratings can be lost when "
+                    "Redis stops; run Redis with --appendonly yes --appendfsync always",
+                )
         return Durability(True, "appendonly=yes, appendfsync=always")
 
     def append(self, ratings: Sequence[tuple[str, str, float | None]]) -> str:

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.stream import cluster_url
+
 
 class Settings(BaseSettings):
     """Service settings; every field is read from `DCMC_<NAME>` unless it says otherwise."""
@@ -25,7 +27,16 @@ class Settings(BaseSettings):
     """Artifact directory to serve (set by `dcmc serve --artifacts`)."""
     redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "DCMC_REDIS_URL"))
     """The shared online state, e.g. redis://127.0.0.1:6379/0 (env `REDIS_URL`); unset = no online
-    ratings (the artifact's model only)."""
+    ratings (the artifact's model only). `?cluster=true` at its end: the URL names one node of a Redis
+    Cluster (`model.stream.connect`)."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _cluster_flag(cls, value: str | None) -> str | None:
+        if value is not None:
+            cluster_url(value)  # ValueError for a cluster flag that is neither true nor false
+        return value
+
     redis_key_prefix: str = "dcmc"
     """First part of every Redis key: the rating stream is `<prefix>:ratings`."""
     redis_timeout_s: float = Field(default=0.25, gt=0)

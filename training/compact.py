@@ -31,6 +31,7 @@ from model.stream import (
     Compacted,
     after,
     compacted_key,
+    connect,
     identity_key,
     redact_url,
     stream_key,
@@ -62,7 +63,7 @@ def compact_stream(
         online.retracted,
         online.forgotten,
     )
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         client.set(compacted_key(key), head.to_json())
         trimmed = int(client.xtrim(key, minid=after(head.last), approximate=False))  # type: ignore[arg-type]
@@ -94,7 +95,10 @@ def compact_for_artifact(url: str, prefix: str, artifact_dir: str, timeout_s: fl
 
     artifact = load_artifact(artifact_dir)
     key = stream_key(prefix)
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    except ValueError as exc:  # a `cluster` flag that is neither true nor false
+        raise DataError(str(exc)) from None
     try:
         raw: Any = client.get(identity_key(key))
     except redis.RedisError as exc:

@@ -36,6 +36,7 @@ from model.stream import (
     Compacted,
     Entry,
     compacted_key,
+    connect,
     identity_key,
     off_levels,
     parse_entry,
@@ -88,7 +89,10 @@ def read_online_ratings(
     import redis
 
     key = stream_key(prefix)
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    except ValueError as exc:  # a `cluster` flag that is neither true nor false
+        raise DataError(str(exc)) from None
     latest: dict[tuple[str, str], float] = {}
     retracted: dict[tuple[str, str], None] = {}
     forgotten: dict[str, None] = {}
