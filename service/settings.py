@@ -53,8 +53,8 @@ class Settings(BaseSettings):
     """How many users the artifact does not know POST /ratings may create (each one grows every worker's
     tables); a batch that would pass it gets 422 and nothing of it is stored. Mind the memory where the
     artifact's inference uses the user co-rating term (`kernel.co_rating_user` > 0): its table is dense,
-    (users x users) float64 and copied per fold-in, up to `model.exact.DENSE_TABLE_MAX` (8,192) users
-    (0.5 GB), then sparse (each user's strongest pairs)."""
+    (users x users) float64, up to `model.exact.DENSE_TABLE_MAX` (8,192) users (0.5 GB), then sparse
+    (each user's strongest pairs); a fold-in keeps the changed lines beside it (docs/online.md)."""
     max_new_items: int = Field(default=1_000, ge=0)
     """The same for items the artifact does not know (predicted by the bias baseline until a trained user
     rates one)."""

@@ -205,18 +205,62 @@ class DenseAffinity:
 
 
 class SparseAffinity:
-    """A symmetric co-rating table holding each line's strongest neighbours (scipy CSR, sorted indices):
-    what a line's neighbours cost, not size^2."""
+    """A symmetric co-rating table holding each line's strongest neighbours: what a line's neighbours cost,
+    not size^2. A shared scipy CSR (sorted indices), never written, and the lines replaced since
+    (`with_lines`) as sparse rows of their own (`patch`, with its transpose `patch_t`), which take
+    precedence over it and, the table being symmetric, over its columns too: a replaced line's row is the
+    table's whole row. An online batch so costs its lines' pairs, not a copy of the table; the replaced
+    lines are folded into a new CSR once there are PATCHED_LINES_MAX of them."""
 
-    def __init__(self, matrix: sp.csr_matrix) -> None:
+    def __init__(
+        self, matrix: sp.csr_matrix, patched: IntArray | None = None, patch: sp.csr_matrix | None = None
+    ) -> None:
         self.matrix = matrix
+        size = int(matrix.shape[0])
+        self.patched = np.empty(0, dtype=np.int64) if patched is None else patched  # sorted line ids
+        self.patch = sp.csr_matrix((len(self.patched), size)) if patch is None else patch
+        self.patch.sort_indices()
+        self.patch_t = self.patch.T.tocsr()  # (size, len(patched)): each line's pairs with replaced lines
+        self.patch_t.sort_indices()
+        self._slot = np.full(size, -1, dtype=np.int64)  # line -> its row in patch, or -1
+        self._slot[self.patched] = np.arange(len(self.patched))
 
     def __len__(self) -> int:
         return int(self.matrix.shape[0])
 
+    def _entries(self, lines: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+        """(owner, neighbour, weight) of every stored pair of `lines` (owner: the index into `lines`)."""
+        owner, neighbours, values = _csr_rows(self.matrix, lines)
+        if not len(self.patched):
+            return owner, neighbours, values
+        slot = self._slot[lines]
+        keep = (slot[owner] < 0) & (self._slot[neighbours] < 0)  # the shared array's, of lines not replaced
+        mine = np.flatnonzero(slot >= 0)  # replaced lines: their rows
+        o1, j1, v1 = _csr_rows(self.patch, slot[mine])
+        rest = np.flatnonzero(slot < 0)  # other lines: their pairs with the replaced lines
+        o2, j2, v2 = _csr_rows(self.patch_t, lines[rest])
+        return (
+            np.concatenate([owner[keep], mine[o1], rest[o2]]),
+            np.concatenate([neighbours[keep], j1, self.patched[j2]]),
+            np.concatenate([values[keep], v1, v2]),
+        )
+
     def pairs(self, a: IntArray, b: IntArray) -> FloatArray:
         """w(a[k], b[k]) for each k (0 where b[k] is not among a[k]'s neighbours)."""
-        return np.asarray(self.matrix[a, b], dtype=np.float64).reshape(-1)
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        if not len(self.patched):
+            return np.asarray(self.matrix[a, b], dtype=np.float64).reshape(-1)
+        sa, sb = self._slot[a], self._slot[b]
+        out = np.zeros(len(a))
+        base, rows, cols = (sa < 0) & (sb < 0), sa >= 0, (sa < 0) & (sb >= 0)
+        for where, table, x, y in (
+            (base, self.matrix, a, b),
+            (rows, self.patch, sa, b),
+            (cols, self.patch, sb, a),
+        ):
+            if where.any():
+                out[where] = np.asarray(table[x[where], y[where]], dtype=np.float64).reshape(-1)
+        return out
 
     def block(self, a: IntArray, b: IntArray) -> FloatArray:
         """w(a[i], b[j]): (len(a), len(b)), read from the stored neighbours of whichever side's lines hold
@@ -232,51 +276,53 @@ class SparseAffinity:
 
     def _lookup(self, lines: IntArray, others: IntArray) -> FloatArray:
         """w(lines[i], others[j]) from the stored neighbours of `lines`: (len(lines), len(others))."""
-        m = self.matrix
-        starts = m.indptr[lines].astype(np.int64)
-        owner, pos = ranges(starts, m.indptr[lines + 1].astype(np.int64) - starts)
-        neighbours = m.indices[pos]
+        owner, neighbours, values = self._entries(lines)
         distinct, inverse = np.unique(others, return_inverse=True)
         at = np.minimum(np.searchsorted(distinct, neighbours), max(len(distinct) - 1, 0))
         hit = distinct[at] == neighbours if len(distinct) else np.zeros(len(neighbours), dtype=bool)
         out: FloatArray = np.zeros((len(lines), len(distinct)))
-        out[owner[hit], at[hit]] = m.data[pos[hit]]
+        out[owner[hit], at[hit]] = values[hit]
         return out[:, inverse.reshape(-1)]
 
     def rows(self, a: IntArray) -> FloatArray:
         """Whole lines: (len(a), size)."""
-        out: FloatArray = self.matrix[a].toarray()
+        a = np.asarray(a, dtype=np.int64)
+        if not len(self.patched):
+            out: FloatArray = self.matrix[a].toarray()
+            return out
+        owner, neighbours, values = self._entries(a)
+        out = np.zeros((len(a), len(self)))
+        out[owner, neighbours] = values  # a line's neighbours are distinct
         return out
 
     def weighted_lines(self, lines: IntArray, weights: FloatArray) -> FloatArray:
         """table[lines]^T weights: (size, q) for weights (len(lines), q), without densifying the lines (a
         user with thousands of ratings over a large catalogue)."""
-        out: FloatArray = np.asarray(self.matrix[lines].T @ weights)
-        return out
+        lines = np.asarray(lines, dtype=np.int64)
+        if not len(self.patched):
+            out: FloatArray = np.asarray(self.matrix[lines].T @ weights)
+            return out
+        owner, neighbours, values = self._entries(lines)
+        picked = sp.csr_matrix((values, (neighbours, owner)), shape=(len(self), len(lines)))
+        return np.asarray(picked @ weights)
 
     def add_weighted_lines(self, out: FloatArray, lines: IntArray, weights: FloatArray) -> None:
         """out += table[lines]^T weights over out's lines (size or fewer, q), from the lines' stored
         neighbours: one bincount per column (a user's items over a catalogue of 1e5 reach 2e4 to 7e4
         neighbour entries on the synthetic Epinions; sorting them to sum by neighbour took 2-7 times as
         long), no (size, q) product of the sparse lines."""
-        m = self.matrix
-        starts = m.indptr[lines].astype(np.int64)
-        owner, pos = ranges(starts, m.indptr[lines + 1].astype(np.int64) - starts)
-        neighbours = m.indices[pos]
+        owner, neighbours, values = self._entries(np.asarray(lines, dtype=np.int64))
         inside = neighbours < len(out)
         if not inside.all():
-            owner, pos, neighbours = owner[inside], pos[inside], neighbours[inside]
-        if len(pos) == 0:
+            owner, neighbours, values = owner[inside], neighbours[inside], values[inside]
+        if len(values) == 0:
             return
-        values = m.data[pos]
         for u in range(weights.shape[1]):
             out[:, u] += np.bincount(neighbours, weights=values * weights[owner, u], minlength=len(out))
 
     def add_line(self, out: FloatArray, line: int, weight: float) -> None:
         """out += weight table[line, :len(out)] (a table grown past `out`'s lines reads their first)."""
-        m = self.matrix
-        lo, hi = m.indptr[line], m.indptr[line + 1]
-        neighbours, values = m.indices[lo:hi], m.data[lo:hi]
+        _, neighbours, values = self._entries(np.array([line], dtype=np.int64))
         inside = neighbours < len(out)
         out[neighbours[inside]] += weight * values[inside]  # a line's neighbours are distinct
 
@@ -284,9 +330,11 @@ class SparseAffinity:
         """The table with empty lines (no neighbours) up to `size`."""
         if size <= len(self):
             return self
-        m = self.matrix
+        m, p = self.matrix, self.patch
         indptr = np.concatenate([m.indptr, np.full(size - len(self), m.indptr[-1])])
-        return SparseAffinity(sp.csr_matrix((m.data, m.indices, indptr), shape=(size, size)))
+        matrix = sp.csr_matrix((m.data, m.indices, indptr), shape=(size, size))
+        patch = sp.csr_matrix((p.data, p.indices, p.indptr), shape=(len(self.patched), size))
+        return SparseAffinity(matrix, self.patched, patch)
 
     @classmethod
     def from_dense(cls, table: FloatArray, size: int) -> SparseAffinity:
@@ -312,45 +360,90 @@ class SparseAffinity:
     def with_lines(self, lines: IntArray, fresh: FreshLines) -> SparseAffinity:
         """The table with the given lines (and, symmetric, columns) replaced by `fresh` (len(lines), size),
         given whole or chunk by chunk (`FreshLines`), each fresh line cut to its CO_RATING_NEIGHBOURS
-        strongest pairs: memory for the kept pairs, not len(lines) x size."""
+        strongest pairs (the fresh lines' pairs among themselves made symmetric, (w + w^T) / 2): kept as
+        replaced lines, or folded into a new CSR when there would be more than PATCHED_LINES_MAX.
+        Memory for the kept pairs, not len(lines) x size; time for the replaced lines' pairs."""
         size, lines = len(self), np.asarray(lines, dtype=np.int64)
-        keep = np.ones(size)
-        keep[lines] = 0.0
-        mask = sp.diags(keep)
-        rest = mask @ self.matrix @ mask  # the other lines' pairs among themselves
-        k_parts, j_parts, v_parts = [], [], []
-        kth = min(CO_RATING_NEIGHBOURS, size - 1)
-        for lo, hi, rows in _fresh_chunks(lines, fresh, size):
-            top = np.argpartition(-rows, kth, axis=1)[:, :CO_RATING_NEIGHBOURS]
-            at = np.repeat(np.arange(hi - lo), top.shape[1])
-            values = rows[at, top.reshape(-1)]
-            nonzero = values != 0
-            k_parts.append(at[nonzero] + lo)
-            j_parts.append(top.reshape(-1)[nonzero])
-            v_parts.append(values[nonzero])
-        k, j, v = (np.concatenate(x) if x else np.empty(0) for x in (k_parts, j_parts, v_parts))
-        k, j = k.astype(np.int64), j.astype(np.int64)
+        k, j, v = _strongest(lines, fresh, size)
         where = np.full(size, -1, dtype=np.int64)
         where[lines] = np.arange(len(lines))
         inner = where[j] >= 0  # the fresh lines among themselves: made symmetric, (w + w^T) / 2
         among = sp.csr_matrix((v[inner], (k[inner], where[j[inner]])), shape=(len(lines), len(lines)))
         among = ((among + among.T) / 2).tocoo()
-        outer = ~inner  # pairs with the other lines, and their mirror images
-        fresh_pairs = sp.csr_matrix(
-            (np.concatenate([v[outer], v[outer], among.data]),
-             (np.concatenate([lines[k[outer]], j[outer], lines[among.row]]),
-              np.concatenate([j[outer], lines[k[outer]], lines[among.col]]))),
-            shape=(size, size),
+        outer = ~inner
+        new = sp.csr_matrix(  # the fresh lines' rows
+            (np.concatenate([v[outer], among.data]),
+             (np.concatenate([k[outer], among.row]), np.concatenate([j[outer], lines[among.col]]))),
+            shape=(len(lines), size),
         )  # fmt: skip
-        out = (rest + fresh_pairs).tocsr()
+        # The lines replaced earlier and not now: their rows, with their pairs with the fresh lines taken
+        # from the fresh rows (the table stays symmetric).
+        kept = np.flatnonzero(where[self.patched] < 0)
+        old = self.patch[kept].tocoo()
+        stays = where[old.col] < 0
+        mirror = sp.csr_matrix(new.T)[self.patched[kept]].tocoo()  # (kept, fresh) pairs as the fresh give
+        older = sp.csr_matrix(
+            (np.concatenate([old.data[stays], mirror.data]),
+             (np.concatenate([old.row[stays], mirror.row]),
+              np.concatenate([old.col[stays], lines[mirror.col]]))),
+            shape=(len(kept), size),
+        )  # fmt: skip
+        patched = np.concatenate([self.patched[kept], lines])
+        order = np.argsort(patched, kind="stable")
+        patch = sp.vstack([older, new], format="csr")[order]
+        patch.eliminate_zeros()
+        out = SparseAffinity(self.matrix, patched[order], patch)
+        return out if len(patched) <= PATCHED_LINES_MAX else SparseAffinity(out.csr())
+
+    def csr(self) -> sp.csr_matrix:
+        """The whole table as one CSR (sorted indices): the shared one itself while no line was replaced."""
+        if not len(self.patched):
+            return self.matrix
+        keep = np.ones(len(self))
+        keep[self.patched] = 0.0
+        mask = sp.diags(keep)
+        rest = mask @ self.matrix @ mask  # the other lines' pairs among themselves
+        p = self.patch.tocoo()
+        outside = self._slot[p.col] < 0  # pairs with other lines, and their mirror images
+        pairs = sp.csr_matrix(
+            (np.concatenate([p.data, p.data[outside]]),
+             (np.concatenate([self.patched[p.row], p.col[outside]]),
+              np.concatenate([p.col, self.patched[p.row[outside]]]))),
+            shape=rest.shape,
+        )  # fmt: skip
+        out = (rest + pairs).tocsr()
         out.eliminate_zeros()
         out.sort_indices()
-        return SparseAffinity(out)
+        return out
 
     def toarray(self) -> FloatArray:
         """The whole table as a dense array."""
-        out: FloatArray = self.matrix.toarray()
+        out: FloatArray = self.csr().toarray()
         return out
+
+
+def _csr_rows(m: sp.csr_matrix, at: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """The stored entries of the rows `at` of `m`: (index into `at`, column, value)."""
+    starts = m.indptr[at].astype(np.int64)
+    owner, pos = ranges(starts, m.indptr[at + 1].astype(np.int64) - starts)
+    return owner, m.indices[pos], m.data[pos]
+
+
+def _strongest(lines: IntArray, fresh: FreshLines, size: int) -> tuple[IntArray, IntArray, FloatArray]:
+    """The fresh lines cut to their CO_RATING_NEIGHBOURS strongest pairs: (index into lines, neighbour,
+    weight), nonzero weights only, chunk by chunk."""
+    k_parts, j_parts, v_parts = [], [], []
+    kth = min(CO_RATING_NEIGHBOURS, size - 1)
+    for lo, hi, rows in _fresh_chunks(lines, fresh, size):
+        top = np.argpartition(-rows, kth, axis=1)[:, :CO_RATING_NEIGHBOURS]
+        at = np.repeat(np.arange(hi - lo), top.shape[1])
+        values = rows[at, top.reshape(-1)]
+        nonzero = values != 0
+        k_parts.append(at[nonzero] + lo)
+        j_parts.append(top.reshape(-1)[nonzero])
+        v_parts.append(values[nonzero])
+    k, j, v = (np.concatenate(x) if x else np.empty(0) for x in (k_parts, j_parts, v_parts))
+    return k.astype(np.int64), j.astype(np.int64), v.astype(np.float64)
 
 
 Affinity = DenseAffinity | SparseAffinity

@@ -393,7 +393,7 @@ class ExactScorer:
         table = None if self.lines is None else self.lines.user_affinity
         if not isinstance(table, SparseAffinity):
             return {}
-        m = table.matrix
+        m = table.csr()
         return {"user_table_indptr": m.indptr, "user_table_indices": m.indices, "user_table_data": m.data}
 
     def sparse_tables(self) -> dict[str, tuple[IntArray, IntArray, FloatArray]]:
@@ -403,7 +403,8 @@ class ExactScorer:
         if self.lines is not None:
             for what, table in (("items", self.lines.affinity), ("users", self.lines.user_affinity)):
                 if isinstance(table, SparseAffinity):
-                    out[what] = (table.matrix.indptr, table.matrix.indices, table.matrix.data)
+                    m = table.csr()
+                    out[what] = (m.indptr, m.indices, m.data)
         return out
 
     def _known_field(self, scale: float) -> KnownField:
