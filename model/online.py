@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ class OnlineState:
     """`applied` of the state in which an item was last added or embedded (0: the artifact's items)."""
     forgotten: frozenset[int] = frozenset()
     """Users forgotten (DELETE /users/{id}): every rating of theirs taken back, and unknown to queries."""
+    published: float = field(default_factory=time.monotonic)
+    """When this state was made (time.monotonic): it holds every rating applied before then."""
 
     def user_version(self, user: int) -> tuple[int, int]:
         """What the user's own part of its answers depends on (`ExactScorer.row_parts`): equal in two

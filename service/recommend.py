@@ -85,10 +85,12 @@ def recommend(
     allow: np.ndarray | None,
     exclude: np.ndarray | None,
     state: OnlineState | None = None,
+    exact: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
     user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback), in
-    `state` (default: now; `allow`, `exclude`: indices valid in it)."""
+    `state` (default: now; `allow`, `exclude`: indices valid in it); `exact`: not from a cached row of an
+    earlier state (`ServedModel.predict`)."""
     state = state or scorer.state  # one model state for the whole answer
     try:
         user = scorer.user_index(user_id, state)
@@ -105,6 +107,6 @@ def recommend(
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), False
     # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
     # that share a block, so a rating must not depend on which other items were asked for.
-    ratings = scorer.row(user, state)
+    ratings = scorer.row(user, state, exact)
     best = top_k(ratings, mask, k)
     return best, ratings[best], False

@@ -5,6 +5,7 @@ valid across states). service/scoring.py reads and fills them."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -47,50 +48,70 @@ class UserRow:
 
 
 class UserRows:
-    """Users' rows over the whole catalogue for one model state, least recently used first out, within
-    `max_bytes`. A row costs the whole catalogue (17x a 100-item request on ML-100K) and serves only
-    while its state lasts: a new state (any online rating: the known field is global, so every answer
-    moves) empties it. So a row is computed as a ski rental buys (`admit`): once the user's misses in the
-    state have computed as many entries as the row holds. A user who keeps coming back while the state
-    lasts gets a row after a few requests; under a stream of ratings, when states last a fraction of a
-    second, misses stay cheaper than rows that would die unread."""
+    """Users' rows over the whole catalogue, least recently used first out, within `max_bytes`. A row costs
+    the whole catalogue (17x a 100-item request on ML-100K). Every online rating moves every answer a
+    little (the known field is global), so a row is exact for the state it was computed in; it answers in
+    a later state only while `max_age_s` has not passed since its state was published and the user's own
+    version (`OnlineState.user_version`: their ratings, their embedding, the items) is the same: other
+    users' ratings reach a cached answer within `max_age_s`, the user's own at once. With `max_age_s` 0
+    every answer is of the newest state, and a new state empties the cache.
 
-    def __init__(self, max_bytes: int) -> None:
+    A row is computed as a ski rental buys (`admit`): once the user's misses have computed as many entries
+    as the row holds (counted per state where rows last one state). A user who keeps coming back gets a
+    row after a few requests; when states last a fraction of a second and rows with them, misses stay
+    cheaper than rows that would die unread."""
+
+    def __init__(self, max_bytes: int, max_age_s: float = 0.0) -> None:
         self.max_bytes = max_bytes
-        self._state: OnlineState | None = None
-        self._rows: OrderedDict[int, UserRow] = OrderedDict()
-        self._missed: dict[int, int] = {}  # user -> entries its misses computed in this state
+        self.max_age_s = max_age_s
+        self._newest = -1  # `applied` of the newest state seen
+        # user -> (its state's `applied`, the user's version there, the state's `published`, the row)
+        self._rows: OrderedDict[int, tuple[int, tuple[int, int], float, UserRow]] = OrderedDict()
+        self._missed: dict[int, int] = {}  # user -> entries its misses computed (in this state, at max_age 0)
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def _current(self, state: OnlineState) -> bool:
-        """Whether `state` is the one held, after moving on to it when it is newer (states only grow: a
-        request still holding an older one neither reads nor writes here)."""
-        if state is self._state:
-            return True
-        if self._state is not None and state.applied < self._state.applied:
+    def _seen(self, state: OnlineState) -> bool:
+        """Whether `state` is the newest seen, after moving on to it when it is newer (states only grow: a
+        request still holding an older one neither counts misses nor keeps rows)."""
+        if state.applied < self._newest:
             return False
-        self._state, self._bytes = state, 0
-        self._rows.clear()
-        self._missed.clear()
+        if state.applied > self._newest:
+            self._newest = state.applied
+            if self.max_age_s <= 0:
+                self._rows.clear()
+                self._missed.clear()
+                self._bytes = 0
         return True
 
-    def get(self, state: OnlineState, user: int) -> UserRow | None:
-        """The user's row in `state`, if held."""
+    def get(self, state: OnlineState, user: int, exact: bool = False) -> tuple[UserRow, bool] | None:
+        """(the user's row that answers in `state`, whether it is of an earlier state) if held; `exact`:
+        only a row of `state` itself."""
         with self._lock:
-            row = self._rows.get(user) if state is self._state else None
-            if row is not None:
+            held = self._rows.get(user)
+            if held is None:
+                return None
+            applied, version, published, row = held
+            if applied == state.applied:
                 self._rows.move_to_end(user)
-            return row
+                return row, False
+            if applied > state.applied or exact:
+                return None
+            if time.monotonic() - published <= self.max_age_s and version == state.user_version(user):
+                self._rows.move_to_end(user)
+                return row, True
+            del self._rows[user]  # it answers in no later state either
+            self._bytes -= row.nbytes
+            return None
 
     def admit(self, state: OnlineState, user: int, entries: int, size: int) -> bool:
         """Whether a miss of `user` in `state` that asks for `entries` should compute and keep the whole
-        row of `size` entries instead: when the user's earlier misses in this state and this one add up to
-        the row's size (else this miss is counted and answered alone)."""
+        row of `size` entries instead: when the user's earlier misses and this one add up to the row's
+        size (else this miss is counted and answered alone)."""
         if self.max_bytes <= 0:
             return False
         with self._lock:
-            if not self._current(state):
+            if not self._seen(state):
                 return False
             spent = self._missed.get(user, 0) + entries
             if spent >= size:
@@ -101,16 +122,20 @@ class UserRows:
             return False
 
     def put(self, state: OnlineState, user: int, row: UserRow) -> None:
-        """Keep `row`, dropping the least recently used rows beyond `max_bytes` (not for an old state, nor
-        a row larger than the whole budget)."""
+        """Keep `row`, dropping the least recently used rows beyond `max_bytes` (not for a state older than
+        the newest seen, nor a row larger than the whole budget)."""
         with self._lock:
-            if row.nbytes > self.max_bytes or not self._current(state) or user in self._rows:
+            if row.nbytes > self.max_bytes or not self._seen(state):
                 return
-            self._rows[user] = row
+            held = self._rows.pop(user, None)
+            if held is not None:
+                self._bytes -= held[3].nbytes
+            self._rows[user] = (state.applied, state.user_version(user), state.published, row)
+            self._missed.pop(user, None)
             self._bytes += row.nbytes
             while self._bytes > self.max_bytes:
                 _, old = self._rows.popitem(last=False)
-                self._bytes -= old.nbytes
+                self._bytes -= old[3].nbytes
 
     def __len__(self) -> int:
         return len(self._rows)

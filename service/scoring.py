@@ -106,8 +106,12 @@ class ServedModel:
         self._engine_lock = threading.Lock()
         # A query's answer depends on its own entry only in `none` and `exact` (the `paper` mode's blocks
         # couple the queries asked together), so only those can answer from a user's cached row.
-        self.rows = UserRows(int(settings.user_cache_mb * 2**20) if self.inference.mode != "paper" else 0)
+        self.rows = UserRows(
+            int(settings.user_cache_mb * 2**20) if self.inference.mode != "paper" else 0,
+            settings.answer_staleness_s,
+        )
         self._row_hit, self._row_fill = metrics.user_rows.labels("hit"), metrics.user_rows.labels("fill")
+        self._row_stale_hit = metrics.user_rows.labels("stale_hit")
         self.parts = UserParts(int(settings.user_parts_mb * 2**20) if self.inference.mode == "exact" else 0)
         self._parts_hit = metrics.user_rows.labels("parts_hit")
         self._parts_fill = metrics.user_rows.labels("parts_fill")
@@ -446,20 +450,32 @@ class ServedModel:
         online = np.fromiter(self.fold.online_items(user, state), dtype=np.int64)
         return np.union1d(known.cols[known.by_row.of(user)], online)
 
+    def _cached_row(self, state: OnlineState, user: int, exact: bool) -> UserRow | None:
+        """The user's cached row that answers in `state` (`UserRows.get`), counted."""
+        held = self.rows.get(state, user, exact)
+        if held is None:
+            return None
+        (self._row_stale_hit if held[1] else self._row_hit).inc()
+        return held[0]
+
     def predict(
-        self, user: int, items: np.ndarray, distributions: bool = True, state: OnlineState | None = None
+        self,
+        user: int,
+        items: np.ndarray,
+        distributions: bool = True,
+        state: OnlineState | None = None,
+        exact: bool = False,
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """Expected ratings (K,), label distributions (K, p) of (user, items[k]) (None when not
         `distributions` and read from a cached row), and which of them come from the bias baseline (new
         items not embedded yet) rather than the model: (K,) bool. From the user's cached row when there is
-        one (`UserRows`): the same numbers to rounding."""
+        one (`UserRows`): the same numbers to rounding; a row of an earlier state (other users' ratings
+        up to DCMC_ANSWER_STALENESS_S late) unless `exact`."""
         state = state or self.fold.state  # one consistent model for the whole request
-        row = self.rows.get(state, user)
+        row = self._cached_row(state, user, exact)
         if row is None and self.rows.admit(state, user, len(items), state.known.n_items):
             row = self._row(state, user)
             self._row_fill.inc()
-        elif row is not None:
-            self._row_hit.inc()
         if row is None:
             return self._from_parts(state, user, items) or self._predict(state, user, items)
         # Each gather from a row is a cache miss per item (rows outgrow the CPU's caches): only what is read.
@@ -499,16 +515,14 @@ class ServedModel:
         event loop."""
         return self.fold.state.scorer.blocking
 
-    def row(self, user: int, state: OnlineState | None = None) -> np.ndarray:
-        """The user's expected ratings over every item of `state` (default: now; cached: `UserRows`);
-        read-only."""
+    def row(self, user: int, state: OnlineState | None = None, exact: bool = False) -> np.ndarray:
+        """The user's expected ratings over every item of `state` (default: now; cached: `UserRows`, as
+        `predict`); read-only."""
         state = state or self.fold.state
-        row = self.rows.get(state, user)
+        row = self._cached_row(state, user, exact)
         if row is None:
             row = self._row(state, user)
             self._row_fill.inc()
-        else:
-            self._row_hit.inc()
         return row.ratings
 
     def _row(self, state: OnlineState, user: int) -> UserRow:

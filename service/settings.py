@@ -63,6 +63,14 @@ class Settings(BaseSettings):
     makes a new model state (a fold-in's fixed cost, and every cached user row computed again), so under a
     stream of writes a batch per interval costs far less than one per write. A read with `after` waits for
     it (a write is visible to its reader up to this much later)."""
+    answer_staleness_s: float = Field(default=2.0, ge=0, le=60)
+    """How late other users' ratings may reach an answer from a cached user row. Every online rating moves
+    every answer a little (the CRF's known field is a sum over all known ratings), so under a stream of
+    ratings a row exact for the newest state would last one fold-in (`fold_in_interval_s`). A row answers
+    while its state is at most this old and the user's own ratings, embedding and the items are as they
+    were: each answer is exact for the state it was computed in, the user's own ratings are in it at
+    once, and a read with `after` (or `explain`) is of the newest state. 0: every answer of the newest
+    state (docs/online.md)."""
     fold_in_refine: Literal["auto", "all", "new"] = "auto"
     """Which users an online rating's fold-in refines against the decoder (model/online.py): `all` the
     users it touches, or `new` only users the network was not trained on (new users, and any without

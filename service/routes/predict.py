@@ -39,10 +39,19 @@ async def predict(body: PredictRequest, request: Request, after: After = None) -
     await wait_applied(scorer, after, settings.read_after_timeout_s)
     if scorer.blocking:  # tens of ms of numpy: keep the event loop free
         payload = await run_in_threadpool(
-            answer, scorer, settings, body.user, body.items, body.distribution, body.explain
+            answer,
+            scorer,
+            settings,
+            body.user,
+            body.items,
+            body.distribution,
+            body.explain,
+            after is not None,
         )
     else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
-        payload = answer(scorer, settings, body.user, body.items, body.distribution, body.explain)
+        payload = answer(
+            scorer, settings, body.user, body.items, body.distribution, body.explain, after is not None
+        )
     return Response(payload, media_type="application/json")
 
 
@@ -53,6 +62,7 @@ def answer(
     items: list[str],
     distribution: bool,
     explain: bool = False,
+    exact: bool = False,
 ) -> bytes:
     """The JSON of POST /predict's 200 for a parsed body (`PredictRequest`'s fields); HTTPException for an
     oversized request (422) or unknown ids (404, all listed). The route and its fast path
@@ -72,7 +82,8 @@ def answer(
         unknown.append(exc)
     if user_idx is None or items_idx is None:
         raise unknown_ids(*unknown)
-    ratings, dist, fallback = scorer.predict(user_idx, items_idx, distribution, state)
+    # Explained, or read after a write (`after`): of the newest state, not from an earlier state's row.
+    ratings, dist, fallback = scorer.predict(user_idx, items_idx, distribution, state, exact or explain)
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.
     if distribution:

@@ -121,12 +121,13 @@ async def recommend_items(
     allow = scorer.item_indices(allow_ids) if allow_ids is not None else None
     excluded = scorer.item_indices(exclude_ids) if exclude_ids is not None else None
     state = scorer.state  # one model state for the ranking and its explanations
+    exact = after is not None or explain  # of the newest state, not from an earlier state's row
     if scorer.blocking:  # tens of ms of numpy: keep the event loop free
         best, scores, fallback = await run_in_threadpool(
-            recommend, scorer, user_id, k, allow, excluded, state
+            recommend, scorer, user_id, k, allow, excluded, state, exact
         )
     else:
-        best, scores, fallback = recommend(scorer, user_id, k, allow, excluded, state)
+        best, scores, fallback = recommend(scorer, user_id, k, allow, excluded, state, exact)
     # Serialised here rather than through RecommendResponse (which documents the shape in OpenAPI), as
     # POST /predict does.
     payload: dict[str, object] = {

@@ -1,10 +1,12 @@
 """The per-user row cache (service.rows.UserRows): admission on a second miss, the byte budget, a new
-model state emptying it, and answers equal to the uncached path's before and after online ratings."""
+model state emptying it or, within DCMC_ANSWER_STALENESS_S, a row of an earlier state answering while the
+user's own version holds, and answers equal to the uncached path's before and after online ratings."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,11 @@ EXACT = {
 @dataclass
 class FakeState:
     applied: int
+    published: float = field(default_factory=time.monotonic)
+    versions: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def user_version(self, user: int) -> tuple[int, int]:
+        return self.versions.get(user, (0, 0))
 
 
 def _row(n: int) -> UserRow:
@@ -50,6 +57,26 @@ def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> No
     assert len(rows) == 0
     rows.put(state, 8, _row(10))  # type: ignore[arg-type]  # a request still on the old state
     assert len(rows) == 0 and rows.get(state, 8) is None  # type: ignore[arg-type]
+
+
+def test_a_row_of_an_earlier_state_answers_while_young_and_the_users_version_holds() -> None:
+    rows, first = UserRows(10**6, max_age_s=0.3), FakeState(3)
+    rows.put(first, 7, _row(10))  # type: ignore[arg-type]
+    rows.put(first, 8, _row(10))  # type: ignore[arg-type]
+    later = FakeState(5, versions={8: (5, 0)})  # another user's rating; user 8 rated
+    held = rows.get(later, 7)  # type: ignore[arg-type]
+    assert held is not None and held[1] is True  # of an earlier state
+    assert rows.get(later, 7, exact=True) is None  # type: ignore[arg-type]
+    assert rows.get(later, 8) is None and len(rows) == 1  # type: ignore[arg-type]  # 8's own changed: gone
+    assert rows.get(first, 7) == (held[0], False)  # type: ignore[arg-type]  # its own state: exact
+    assert rows.get(FakeState(1), 7) is None  # type: ignore[arg-type]  # a request on an older state
+    items = FakeState(6, versions={7: (0, 6)})  # an item was added: user 7's version moved
+    assert rows.get(items, 7) is None  # type: ignore[arg-type]
+    rows.put(later, 7, _row(10))  # type: ignore[arg-type]
+    time.sleep(0.35)
+    assert rows.get(FakeState(9), 7) is None and len(rows) == 0  # type: ignore[arg-type]  # too old
+    assert not rows.admit(FakeState(9), 4, 60, 100)  # type: ignore[arg-type]
+    assert rows.admit(FakeState(10), 4, 60, 100)  # type: ignore[arg-type]  # misses add up across states
 
 
 def test_the_byte_budget_drops_the_least_recently_used_rows() -> None:
@@ -90,7 +117,7 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
     tiny_artifact: Path, redis_server: RedisServer
 ) -> None:
     with (
-        _app(tiny_artifact, redis_server) as api,
+        _app(tiny_artifact, redis_server, answer_staleness_s=0) as api,  # every answer of the newest state
         _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
     ):
         # The request whose misses add up to the catalogue computes the row; the next reads it.
@@ -120,6 +147,49 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
             _predict(api, "u3")
         np.testing.assert_allclose(_predict(api, "u3"), after, rtol=0, atol=1e-9)
         assert api.metric("dcmc_user_rows_total", event="hit") == 2
+
+
+def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_ratings_later(
+    tiny_artifact: Path, redis_server: RedisServer
+) -> None:
+    with (
+        _app(tiny_artifact, redis_server, answer_staleness_s=1.5) as api,
+        _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
+    ):
+        misses = -(-load_artifact(tiny_artifact).config.n_items // len(ITEMS))
+        before = [_predict(api, "u3") for _ in range(misses)][-1]  # the last computed the row
+        r = api.client.post(
+            "/ratings", json={"ratings": [{"user": "u9", "item": "i1", "rating": 1}]}, headers=AUTH
+        )
+        assert r.status_code == 200, r.text
+        last = r.json()["last_id"]
+        newest = _predict(api, "u3", after=last)  # `after`: of the newest state, never an earlier row
+        assert np.abs(newest - before).max() > 1e-6
+        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]
+        np.testing.assert_allclose(newest, _predict(plain, "u3"), rtol=0, atol=1e-9)
+        # Without `after`: the row of the state before u9's rating, exactly that state's answer.
+        np.testing.assert_allclose(_predict(api, "u3"), before, rtol=0, atol=0)
+        assert api.metric("dcmc_user_rows_total", event="stale_hit") == 1
+        # u3's own rating reaches its answers at once: its row is of no later state.
+        r = api.client.post(
+            "/ratings", json={"ratings": [{"user": "u3", "item": "i2", "rating": 5}]}, headers=AUTH
+        )
+        own = _predict(api, "u3", after=r.json()["last_id"])
+        assert api.metric("dcmc_user_rows_total", event="stale_hit") == 1
+        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]
+        np.testing.assert_allclose(own, _predict(plain, "u3"), rtol=0, atol=1e-9)
+        np.testing.assert_allclose(_predict(api, "u3"), own, rtol=0, atol=1e-9)  # not the old row
+        assert api.metric("dcmc_user_rows_total", event="stale_hit") == 1
+        # Past the staleness no earlier row answers: a new rating of another user, then 1.5 s.
+        for _ in range(misses):
+            _predict(api, "u3")
+        r = api.client.post(
+            "/ratings", json={"ratings": [{"user": "u8", "item": "i3", "rating": 2}]}, headers=AUTH
+        )
+        _predict(api, "u3", after=r.json()["last_id"])
+        time.sleep(1.6)
+        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]
+        np.testing.assert_allclose(_predict(api, "u3"), _predict(plain, "u3"), rtol=0, atol=1e-9)
 
 
 def test_recommend_fills_the_row_that_predict_reads(tiny_artifact: Path, redis_server: RedisServer) -> None:
