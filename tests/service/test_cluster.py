@@ -62,6 +62,15 @@ class Cluster:
             ]
             argv += ["--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no"]
             self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        try:
+            self._join()
+        except BaseException:
+            self.stop()  # a cluster that did not come up leaves no server behind
+            raise
+        self.url = f"redis://127.0.0.1:{self.ports[0]}/0?cluster=true"
+        self.client = RedisCluster(host="127.0.0.1", port=self.ports[0], decode_responses=True)
+
+    def _join(self) -> None:
         for port in self.ports:
             self._wait(lambda p=port: redis.Redis(port=p).ping())
         hosts = [f"127.0.0.1:{p}" for p in self.ports]
@@ -74,8 +83,6 @@ class Cluster:
             self._wait(
                 lambda p=port: redis.Redis(port=p).execute_command("CLUSTER INFO")["cluster_state"] == "ok"
             )
-        self.url = f"redis://127.0.0.1:{self.ports[0]}/0?cluster=true"
-        self.client = RedisCluster(host="127.0.0.1", port=self.ports[0], decode_responses=True)
 
     @staticmethod
     def _wait(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
@@ -93,7 +100,8 @@ class Cluster:
         return str(self.client.get_node_from_key(key).name)
 
     def stop(self) -> None:
-        self.client.close()
+        if hasattr(self, "client"):
+            self.client.close()
         for proc in self.procs:
             proc.kill()
             proc.wait()
