@@ -21,7 +21,7 @@ import redis
 from model.artifact import Artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
-from model.exact import baseline_mixture, level_distribution
+from model.exact import RowParts, baseline_mixture, level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState, SnapshotError
 from model.ratings import Ratings
@@ -36,6 +36,11 @@ from service.settings import Settings, inference_overrides
 from service.snapshot import SnapshotStore, Untrusted, fingerprint
 
 log = logging.getLogger(__name__)
+
+PARTS_ANSWER_ENTRIES = 400
+"""What an answer from row parts costs besides its items, in items' worth: on ML-100K in process, 100
+items 0.085 ms and the whole catalogue (1,682) 0.36 ms, so about 0.17 us an item and 0.068 ms (~390
+items) a call."""
 
 BASELINE_REASON = (
     "baseline: a new item the network cannot embed yet, predicted by the bias baseline mu + b_user + c_item "
@@ -113,6 +118,12 @@ class ServedModel:
         self._row_hit, self._row_fill = metrics.user_rows.labels("hit"), metrics.user_rows.labels("fill")
         self._row_stale_hit = metrics.user_rows.labels("stale_hit")
         self.parts = UserParts(int(settings.user_parts_mb * 2**20) if self.inference.mode == "exact" else 0)
+        # Whether a row is made from the user's row parts (`_row`), which the ski rental counts in.
+        self.rows_from_parts = (
+            self.parts.max_bytes > 0
+            and self.inference.mode == "exact"
+            and self.inference.kernel.known == "clamped"
+        )
         self._parts_hit = metrics.user_rows.labels("parts_hit")
         self._parts_fill = metrics.user_rows.labels("parts_fill")
         # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
@@ -473,7 +484,10 @@ class ServedModel:
         up to DCMC_ANSWER_STALENESS_S late) unless `exact`."""
         state = state or self.fold.state  # one consistent model for the whole request
         row = self._cached_row(state, user, exact)
-        if row is None and self.rows.admit(state, user, len(items), state.known.n_items):
+        # A miss answered from parts costs a fixed part besides its items (PARTS_ANSWER_ENTRIES), and so
+        # does a row made from them: counted in entries, the ski rental compares like with like.
+        extra = PARTS_ANSWER_ENTRIES if self.rows_from_parts else 0
+        if row is None and self.rows.admit(state, user, len(items) + extra, state.known.n_items + extra):
             row = self._row(state, user)
             self._row_fill.inc()
         if row is None:
@@ -488,18 +502,9 @@ class ServedModel:
         """`_predict` from the user's `RowParts` (`UserParts`: computed and kept on a miss), or None where
         the scorer has none (not `exact` with clamped known entries, or the cache off)."""
         scorer = state.scorer
-        if self.parts.max_bytes <= 0:
-            return None
-        parts = self.parts.get(state, user)
+        parts = self._parts(state, user)
         if parts is None:
-            with self._engine_lock:
-                parts = scorer.row_parts(user)
-            if parts is None:
-                return None
-            self.parts.put(state, user, parts)
-            self._parts_fill.inc()
-        else:
-            self._parts_hit.inc()
+            return None
         with self._engine_lock:
             dist, baseline = scorer.from_parts(parts, items)
         if baseline is not None:
@@ -508,6 +513,22 @@ class ServedModel:
         self._fall_back(state, user, items, fallback, dist)
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist, fallback
+
+    def _parts(self, state: OnlineState, user: int) -> RowParts | None:
+        """The user's `RowParts` in `state` (`UserParts`: computed and kept on a miss), or None where the
+        scorer has none (not `exact` with clamped known entries, or the cache off)."""
+        if self.parts.max_bytes <= 0:
+            return None
+        parts = self.parts.get(state, user)
+        if parts is not None:
+            self._parts_hit.inc()
+            return parts
+        with self._engine_lock:
+            parts = state.scorer.row_parts(user)
+        if parts is not None:
+            self.parts.put(state, user, parts)
+            self._parts_fill.inc()
+        return parts
 
     @property
     def blocking(self) -> bool:
@@ -531,9 +552,14 @@ class ServedModel:
         scorer = state.scorer
         weight = 0.0
         # Unmixed: the expected rating of (1 - w) Q + w B is (1 - w) E[Q] + w clip(b), B's expectation,
-        # so the row needs no mixed (items, p) array; reads of its distributions mix theirs.
+        # so the row needs no mixed (items, p) array; reads of its distributions mix theirs. From the
+        # user's row parts where there are some: the same numbers, in float64, at about a third the cost.
+        parts = self._parts(state, user)
         with self._engine_lock:
-            dist, baseline = scorer.unmixed(np.full(len(items), user, dtype=np.int64), items)
+            if parts is not None:
+                dist, baseline = scorer.from_parts(parts, items)
+            else:
+                dist, baseline = scorer.unmixed(np.full(len(items), user, dtype=np.int64), items)
         ratings = expected_rating(dist, self.levels)
         if baseline is not None:
             weight = scorer.baseline_weight

@@ -22,6 +22,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.main import create_app
+from service.scoring import PARTS_ANSWER_ENTRIES
 from service.settings import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -49,6 +50,15 @@ def serve_argv(artifacts: Path | str, port: int, workers: int = 1) -> list[str]:
         "--workers",
         str(workers),
     ]
+
+
+def requests_to_fill(api: App, asked: int) -> int:
+    """How many requests of `asked` items a user makes up to the one that computes the user's row (the
+    ski rental of `UserRows.admit`; where rows are made from row parts, an answer costs
+    `PARTS_ANSWER_ENTRIES` more)."""
+    scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
+    extra = PARTS_ANSWER_ENTRIES if scorer.rows_from_parts else 0
+    return -(-(scorer.n_items + extra) // (asked + extra))
 
 
 def read_metric(client: httpx.Client | TestClient, name: str, **labels: str) -> float:

@@ -17,7 +17,7 @@ import redis
 
 from model.artifact import load_artifact
 from model.config import ConfigError
-from tests.service.conftest import App, Service
+from tests.service.conftest import App, Service, requests_to_fill
 from training.evaluate import predict_ratings
 
 ITEMS = ["i3", "i0", "i17", "i42", "i8", "i25", "i31", "i3", "i49", "i11"]
@@ -190,9 +190,9 @@ def test_exact_predictions_equal_the_offline_evaluator(tiny_artifact: Path, kern
         expected = predict_ratings(artifact, rows, cols, inference)
         got = np.array([p["rating"] for p in r.json()["predictions"]])
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
-        # Misses count until they add up to the catalogue; the one that does computes the row, the next
+        # Misses count until they add up to the row's cost; the one that does computes the row, the next
         # reads it.
-        misses = -(-artifact.config.n_items // len(ITEMS))
+        misses = requests_to_fill(api, len(ITEMS))
         for _ in range(misses):
             # (the row reads the whole catalogue's item embeddings in float32: equal to about 1e-7)
             again = api.client.post("/predict", json={"user": "u5", "items": ITEMS}).json()["predictions"]

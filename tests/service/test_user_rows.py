@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model.artifact import load_artifact
 from service.rows import UserRow, UserRows
-from tests.service.conftest import App, RedisServer
+from tests.service.conftest import App, RedisServer, requests_to_fill
 
 TOKEN = "rows-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -121,7 +120,7 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
         _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
     ):
         # The request whose misses add up to the catalogue computes the row; the next reads it.
-        misses = -(-load_artifact(tiny_artifact).config.n_items // len(ITEMS))
+        misses = requests_to_fill(api, len(ITEMS))
         answers = [_predict(api, "u3") for _ in range(misses + 1)]
         assert api.metric("dcmc_user_rows_total", event="fill") == 1
         assert api.metric("dcmc_user_rows_total", event="hit") == 1
@@ -156,7 +155,7 @@ def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_rati
         _app(tiny_artifact, redis_server, answer_staleness_s=1.5) as api,
         _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
     ):
-        misses = -(-load_artifact(tiny_artifact).config.n_items // len(ITEMS))
+        misses = requests_to_fill(api, len(ITEMS))
         before = [_predict(api, "u3") for _ in range(misses)][-1]  # the last computed the row
         r = api.client.post(
             "/ratings", json={"ratings": [{"user": "u9", "item": "i1", "rating": 1}]}, headers=AUTH
