@@ -157,6 +157,7 @@ def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_rati
     ):
         misses = requests_to_fill(api, len(ITEMS))
         before = [_predict(api, "u3") for _ in range(misses)][-1]  # the last computed the row
+        np.testing.assert_allclose(before, _predict(plain, "u3"), rtol=0, atol=1e-9)  # the state's answer
         r = api.client.post(
             "/ratings", json={"ratings": [{"user": "u9", "item": "i1", "rating": 1}]}, headers=AUTH
         )
