@@ -4,21 +4,18 @@ of the learned similarities, with a Markdown report and PNG figures.
     python benchmarks/experiments.py all                # full runs on ../shared/datasets (hours on 2 cores)
     python benchmarks/experiments.py sweep --quick      # smoke run on a generated matrix (seconds)
 
-- ablation: ML-100K u1, the four variants train without/with mean-field x test without/with it, for the
-  paper-literal configuration and for the default one; test RMSE/MAE.
+- ablation: ML-100K u1, trained without/with mean-field x tested without/with it, for the paper-literal
+  configuration and the default one; test RMSE/MAE.
 - sweep: beta, gamma and T one at a time, the others fixed as the paper fixes them, on a seeded random
-  75/5/20 split of ML-100K (not u1); RMSE on its validation part.
-- similarity: user- and item-based kNN (Surprise's KNNBasic) with the learned similarities of a default
-  model against Surprise's cosine, msd, pearson and pearson_baseline, for several k; test RMSE.
+  75/5/20 split of ML-100K; RMSE on its validation part.
+- similarity: user- and item-based kNN (Surprise's KNNBasic) with a default model's learned similarities
+  against Surprise's cosine, msd, pearson and pearson_baseline, for several k; test RMSE.
 
-Every model is a `dcmc train` run (subprocess, one torch thread). An artifact that already exists under
---runs is reused and an interrupted training continues from its checkpoint, so a stopped run resumes.
-Results go to <results>/experiments/<analysis>.json and the report <results>/experiments.md is rebuilt
-from every analysis recorded there (text below its `<!-- discussion -->` line is kept).
-Needs the `experiments` extra (scikit-surprise, matplotlib).
+Every model is a `dcmc train` run (one torch thread); artifacts under --runs are reused and interrupted
+trainings resume from their checkpoint. Results go to <results>/experiments/<analysis>.json; the report
+<results>/experiments.md is rebuilt from all of them (text below `<!-- discussion -->` is kept). Needs the
+`experiments` extra (scikit-surprise, matplotlib).
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -28,20 +25,18 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import harness as h
 import numpy as np
+from harness import REPO
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from model.artifact import ArtifactError, load_artifact  # noqa: E402
-from model.engine import normalize_rows  # noqa: E402
-from training.data import DataError, Entries, load_dataset  # noqa: E402
-from training.evaluate import evaluate  # noqa: E402
+from model.artifact import ArtifactError, load_artifact
+from model.engine import normalize_rows
+from training.data import DataError, Entries, load_dataset
+from training.evaluate import evaluate
 
 ANALYSES = ("ablation", "sweep", "similarity")
 DISCUSSION_MARK = "<!-- discussion -->"
@@ -65,6 +60,7 @@ SWEEP_FIXED = {
     "mf_layers": {"beta": 1.5, "gamma": 0.05},
 }
 SIMILARITIES = ("learned", "cosine", "msd", "pearson", "pearson_baseline")
+QUICK_GRID = {"beta": [0.0, 1.5], "gamma": [0.01, 0.05], "mf_layers": [1, 3]}
 
 
 @dataclass(frozen=True)
@@ -72,62 +68,42 @@ class Plan:
     """What one invocation trains and measures (full or --quick)."""
 
     data_dir: str
-    ablation_dataset: str
-    ablation_split: str
+    dataset: str  # of the ablation and the sweep
+    split: str  # of the ablation and the similarities
     # config label -> (preset, extra settings of the with-MF variant)
     ablation_configs: dict[str, tuple[str, dict[str, str]]]
-    sweep_dataset: str
     sweep_preset: str
     sweep_grid: dict[str, list[float]]
     similarity_datasets: list[str]
-    similarity_split: str
     ks: list[int]
     epochs: int | None = None
     seed: int = 0
     split_seed: int = 0
     quick: bool = False
-    notes: list[str] = field(default_factory=list)
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
     """The full plan, or a seconds-long smoke plan on one CSV file with `--quick`."""
-    if args.quick:
-        return Plan(
-            data_dir=args.data_dir,
-            ablation_dataset=args.dataset or "csv",
-            ablation_split="random",
-            ablation_configs={"tiny": ("tiny", {})},
-            sweep_dataset=args.dataset or "csv",
-            sweep_preset="tiny",
-            sweep_grid={"beta": [0.0, 1.5], "gamma": [0.01, 0.05], "mf_layers": [1, 3]},
-            similarity_datasets=args.similarity_datasets or [args.dataset or "csv"],
-            similarity_split="random",
-            ks=[2, 5],
-            epochs=3,
-            seed=args.seed,
-            quick=True,
-        )
+    quick = args.quick
+    dataset = args.dataset or ("csv" if quick else "ml-100k")
+    # Summed messages over 128 x 256 blocks swamp the unary term (issue 2); normalized ones train.
+    full_configs = {"paper": ("paper", {}), "default": ("default", {"message_scaling": "normalized"})}
     return Plan(
         data_dir=args.data_dir,
-        ablation_dataset=args.dataset or "ml-100k",
-        ablation_split="u1",
-        ablation_configs={
-            "paper": ("paper", {}),
-            # Summed messages over 128 x 256 blocks swamp the unary term (issue 2); normalized ones train.
-            "default": ("default", {"message_scaling": "normalized"}),
-        },
-        sweep_dataset=args.dataset or "ml-100k",
-        sweep_preset="paper",
-        sweep_grid={k: list(v) for k, v in PAPER_SWEEP.items()},
-        similarity_datasets=args.similarity_datasets or ["ml-100k", "yahoo_music"],
-        similarity_split="u1",
-        ks=[10, 20, 50, 100, 200, 300],
+        dataset=dataset,
+        split="random" if quick else "u1",
+        ablation_configs={"tiny": ("tiny", {})} if quick else full_configs,
+        sweep_preset="tiny" if quick else "paper",
+        sweep_grid=QUICK_GRID if quick else {k: list(v) for k, v in PAPER_SWEEP.items()},
+        similarity_datasets=args.similarity_datasets or ([dataset] if quick else ["ml-100k", "yahoo_music"]),
+        ks=[2, 5] if quick else [10, 20, 50, 100, 200, 300],
+        epochs=3 if quick else None,
         seed=args.seed,
+        quick=quick,
     )
 
 
-# ----------------------------------------------------------------------------------------------------
-# training runs
+# -- training runs -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -154,9 +130,12 @@ class Run:
         return cmd
 
 
-def run_name(dataset: str, split: str, preset: str, settings: dict[str, str], seed: int) -> str:
+def make_run(dataset: str, split: str, preset: str, settings: dict[str, str], seed: int) -> Run:
+    """The run of `preset` with `settings` (`--set` in this order); its name tells them apart."""
     tag = "-".join(f"{k}{v}" for k, v in sorted(settings.items())) or "base"
-    return f"{dataset}-{split}-{preset}-{tag}-seed{seed}"
+    return Run(
+        f"{dataset}-{split}-{preset}-{tag}-seed{seed}", dataset, split, preset, tuple(settings.items())
+    )
 
 
 def ensure_trained(runs: list[Run], plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Path]:
@@ -173,10 +152,8 @@ def ensure_trained(runs: list[Run], plan: Plan, runs_dir: Path, jobs: int) -> di
                 raise RuntimeError(f"training {run.name} failed:\n{proc.stderr[-2000:]}")
             return run
 
-        with (
-            ThreadPoolExecutor(max_workers=jobs) as pool,
-            tqdm(total=len(todo), desc="training", unit="model") as bar,
-        ):
+        pool, bar = ThreadPoolExecutor(max_workers=jobs), tqdm(total=len(todo), desc="training", unit="model")
+        with pool, bar:
             for fut in as_completed([pool.submit(train, r) for r in todo]):
                 bar.set_postfix_str(fut.result().name[-40:])
                 bar.update()
@@ -199,8 +176,7 @@ def score(artifact: Path, plan: Plan, mode: str, part: str) -> dict[str, Any]:
     return {"rmse": ev["rmse"], "mae": ev["mae"], "n": ev["n"], "eval_seconds": ev["seconds"]}
 
 
-# ----------------------------------------------------------------------------------------------------
-# the three analyses
+# -- the three analyses ------------------------------------------------------------------------------------
 
 TEST_MODES = ("none", "paper", "exact/normalized")
 
@@ -213,26 +189,15 @@ def ablation(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
             settings = {"train_mf": "true", **mf_settings} if train_mf else {"train_mf": "false"}
             if preset_name == "default" and not train_mf:
                 settings = {}  # the default preset already trains the base network alone
-            name = run_name(plan.ablation_dataset, plan.ablation_split, preset_name, settings, plan.seed)
-            runs[label, train_mf] = Run(
-                name, plan.ablation_dataset, plan.ablation_split, preset_name, tuple(settings.items())
-            )
+            runs[label, train_mf] = make_run(plan.dataset, plan.split, preset_name, settings, plan.seed)
     paths = ensure_trained(list(runs.values()), plan, runs_dir, jobs)
     rows = []
     for (label, train_mf), run in runs.items():
         for mode in TEST_MODES:
             art = paths[run.name]
-            rows.append(
-                {
-                    "config": label,
-                    "train_mf": train_mf,
-                    "test": mode,
-                    "artifact": run.name,
-                    "train_seconds": train_seconds(art),
-                    **score(art, plan, mode, "test"),
-                }
-            )
-    return {"dataset": plan.ablation_dataset, "split": plan.ablation_split, "seed": plan.seed, "rows": rows}
+            row = {"config": label, "train_mf": train_mf, "test": mode, "artifact": run.name}
+            rows.append({**row, "train_seconds": train_seconds(art), **score(art, plan, mode, "test")})
+    return {"dataset": plan.dataset, "split": plan.split, "seed": plan.seed, "rows": rows}
 
 
 def sweep(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
@@ -242,16 +207,10 @@ def sweep(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
         for value in values:
             settings = {k: _num(v) for k, v in SWEEP_FIXED[param].items()}
             settings[param] = _num(value)
-            name = run_name(plan.sweep_dataset, "random", plan.sweep_preset, settings, plan.seed)
-            points.append(
-                (
-                    param,
-                    value,
-                    Run(
-                        name, plan.sweep_dataset, "random", plan.sweep_preset, tuple(sorted(settings.items()))
-                    ),
-                )
+            run = make_run(
+                plan.dataset, "random", plan.sweep_preset, dict(sorted(settings.items())), plan.seed
             )
+            points.append((param, value, run))
     paths = ensure_trained([p[2] for p in points], plan, runs_dir, jobs)
     rows = []
     for param, value, run in points:
@@ -262,7 +221,7 @@ def sweep(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
             row[f"{mode}_rmse"], row[f"{mode}_mae"], row["n"] = ev["rmse"], ev["mae"], ev["n"]
         rows.append(row)
     return {
-        "dataset": plan.sweep_dataset,
+        "dataset": plan.dataset,
         "split": f"random 75/5/20, split seed {plan.split_seed}",
         "preset": plan.sweep_preset,
         "seed": plan.seed,
@@ -309,7 +268,7 @@ def knn_rmse(
 
     `learned(raw_ids)` returns the learned similarity matrix between those users (or items).
     """
-    from surprise import Dataset, KNNBasic, Reader
+    from surprise import KNNBasic
 
     class LearnedKNN(KNNBasic):
         def compute_similarities(self) -> np.ndarray:
@@ -320,24 +279,14 @@ def knn_rmse(
                 raw = [ts.to_raw_iid(j) for j in range(ts.n_items)]
             return learned(raw)
 
-    trainset = Dataset(Reader(rating_scale=scale)).construct_trainset(
-        [
-            (user_ids[r], item_ids[c], float(v), None)
-            for r, c, v in zip(train.rows, train.cols, train.values, strict=True)
-        ]
-    )
-    testset = [
-        (user_ids[r], item_ids[c], float(v))
-        for r, c, v in zip(test.rows, test.cols, test.values, strict=True)
-    ]
+    trainset, testset = h.surprise_data(train, test, user_ids, item_ids, scale)
     options = {"name": "cosine" if sim == "learned" else sim, "user_based": user_based}
     algo = (LearnedKNN if sim == "learned" else KNNBasic)(sim_options=options, verbose=False)
     algo.fit(trainset)
     out = {}
     for k in ks:
         algo.k = k
-        est = np.array([p.est for p in algo.test(testset)])
-        out[k] = float(np.sqrt(np.mean((est - test.values) ** 2)))
+        out[k] = h.rmse(np.array([p.est for p in algo.test(testset)]), test.values)
     return out
 
 
@@ -345,15 +294,8 @@ def similarity(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
     """kNN with learned vs pre-defined similarities, per dataset, user- and item-based."""
     from tqdm import tqdm
 
-    runs = {
-        ds: Run(
-            run_name(ds, plan.similarity_split, _preset(plan), {}, plan.seed),
-            ds,
-            plan.similarity_split,
-            _preset(plan),
-        )
-        for ds in plan.similarity_datasets
-    }
+    preset = "tiny" if plan.quick else "default"
+    runs = {ds: make_run(ds, plan.split, preset, {}, plan.seed) for ds in plan.similarity_datasets}
     paths = ensure_trained(list(runs.values()), plan, runs_dir, jobs)
     result: dict[str, Any] = {"seed": plan.seed, "ks": plan.ks, "datasets": {}}
     total = len(runs) * 2 * len(SIMILARITIES)
@@ -361,11 +303,14 @@ def similarity(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
         for ds, run in runs.items():
             art_dir = paths[run.name]
             art = load_artifact(art_dir)
-            split = load_dataset(ds, plan.data_dir, split=plan.similarity_split, seed=plan.split_seed)
+            split = load_dataset(ds, plan.data_dir, split=plan.split, seed=plan.split_seed)
             train = split.train if split.val is None else Entries.concat([split.train, split.val])
             scale = (float(split.levels.min()), float(split.levels.max()))
-            learned_users = learned_lookup(art.users, art.user_embeddings)
-            learned_items = learned_lookup(art.items, art.item_embeddings)
+            data = (train, split.test, split.user_ids, split.item_ids, scale)
+            learned = {
+                "user": learned_lookup(art.users, art.user_embeddings),
+                "item": learned_lookup(art.items, art.item_embeddings),
+            }
             curves: dict[str, dict[str, dict[str, float]]] = {"user": {}, "item": {}}
             seconds: dict[str, dict[str, float]] = {"user": {}, "item": {}}
             for side in ("user", "item"):
@@ -373,37 +318,18 @@ def similarity(plan: Plan, runs_dir: Path, jobs: int) -> dict[str, Any]:
                     bar.set_postfix_str(f"{ds} {side} {sim}")
                     t0 = time.perf_counter()
                     curve = knn_rmse(
-                        train,
-                        split.test,
-                        split.user_ids,
-                        split.item_ids,
-                        scale,
-                        user_based=side == "user",
-                        sim=sim,
-                        ks=plan.ks,
-                        learned=learned_users if side == "user" else learned_items,
+                        *data, user_based=side == "user", sim=sim, ks=plan.ks, learned=learned[side]
                     )
                     curves[side][sim] = {str(k): v for k, v in curve.items()}  # JSON keys
                     seconds[side][sim] = round(time.perf_counter() - t0, 1)
                     bar.update()
-            dcmc = score(art_dir, plan, "none", "test")
-            result["datasets"][ds] = {
-                "split": plan.similarity_split,
-                "artifact": run.name,
-                "n_test": len(split.test),
-                "dcmc_rmse": dcmc["rmse"],
-                "curves": curves,
-                "fit_seconds": seconds,
-            }
+            done = {"split": plan.split, "artifact": run.name, "n_test": len(split.test)}
+            done["dcmc_rmse"] = score(art_dir, plan, "none", "test")["rmse"]
+            result["datasets"][ds] = {**done, "curves": curves, "fit_seconds": seconds}
     return result
 
 
-def _preset(plan: Plan) -> str:
-    return "tiny" if plan.quick else "default"
-
-
-# ----------------------------------------------------------------------------------------------------
-# report
+# -- report ------------------------------------------------------------------------------------------------
 
 
 def _f(x: float, digits: int = 4) -> str:
@@ -425,9 +351,10 @@ def ablation_section(res: dict[str, Any]) -> list[str]:
         "its `paper` column runs normalized messages while the base-trained model's runs summed ones; "
         "`exact/normalized` is the same procedure for both.",
         "",
-        "| config | training | test w/o MF (`none`) | test `paper` MF | test `exact/normalized` MF |"
-        " paper (w/o MF / with MF) | train s |",
-        "|---|---|---|---|---|---|---|",
+        *h.table(
+            "| config | training | test w/o MF (`none`) | test `paper` MF | test `exact/normalized` MF |"
+            " paper (w/o MF / with MF) | train s |"
+        ),
     ]
     for label in dict.fromkeys(r["config"] for r in res["rows"]):
         for train_mf in (False, True):
@@ -472,10 +399,7 @@ def sweep_section(res: dict[str, Any], figure: str | None) -> list[str]:
         rows = [r for r in res["rows"] if r["param"] == param]
         if not rows:
             continue
-        out += [
-            f"| {names[param]} | val RMSE `paper` | val RMSE `none` | paper's RMSE | train s |",
-            "|---|---|---|---|---|",
-        ]
+        out += h.table(f"| {names[param]} | val RMSE `paper` | val RMSE `none` | paper's RMSE | train s |")
         for r in rows:
             ref = PAPER_SWEEP[param].get(float(r["value"]))
             out.append(
@@ -512,10 +436,7 @@ def similarity_section(res: dict[str, Any], figures: dict[str, str]) -> list[str
         out += [f"### {ds} (test RMSE; the DCMC model itself: {_f(d['dcmc_rmse'])})", ""]
         if ds in figures:
             out += [f"![{ds}]({figures[ds]})", ""]
-        out += [
-            "| based | similarity | " + " | ".join(f"k={k}" for k in ks) + " |",
-            "|---|---|" + "---|" * len(ks),
-        ]
+        out += h.table("| based | similarity | " + " | ".join(f"k={k}" for k in ks) + " |")
         for side in ("user", "item"):
             for sim in SIMILARITIES:
                 curve = d["curves"][side][sim]
@@ -523,20 +444,16 @@ def similarity_section(res: dict[str, Any], figures: dict[str, str]) -> list[str
         for side in ("user", "item"):
             c = d["curves"][side]
             wins = sum(all(c["learned"][str(k)] <= c[s][str(k)] for s in SIMILARITIES) for k in ks)
-            out.append("")
-            out.append(
-                f"- {side}-based: `learned` is the best similarity for {wins} of {len(ks)} values of k."
-            )
+            out += [
+                "",
+                f"- {side}-based: `learned` is the best similarity for {wins} of {len(ks)} values of k.",
+            ]
         out.append("")
     return out
 
 
 def plot_similarity(res: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = h.pyplot()
     names = {}
     for ds, d in res["datasets"].items():
         fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
@@ -560,11 +477,7 @@ def plot_similarity(res: dict[str, Any], out_dir: Path) -> dict[str, str]:
 
 
 def plot_sweep(res: dict[str, Any], out_dir: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = h.pyplot()
     params = [p for p in ("beta", "gamma", "mf_layers") if any(r["param"] == p for r in res["rows"])]
     fig, axes = plt.subplots(1, len(params), figsize=(4 * len(params), 3.6))
     for ax, param in zip(np.atleast_1d(axes), params, strict=True):
@@ -581,24 +494,16 @@ def plot_sweep(res: dict[str, Any], out_dir: Path) -> str:
         ax.grid(alpha=0.3)
     np.atleast_1d(axes)[0].legend(fontsize=8)
     fig.tight_layout()
-    name = "sweep.png"
-    fig.savefig(out_dir / name, dpi=110)
+    fig.savefig(out_dir / "sweep.png", dpi=110)
     plt.close(fig)
-    return name
+    return "sweep.png"
 
 
 def write_report(results_dir: Path, command: str) -> Path:
     """Rebuild experiments.md from the recorded analyses, keeping the hand-written discussion."""
     data_dir = results_dir / "experiments"
-    recorded = {
-        a: json.loads((data_dir / f"{a}.json").read_text())
-        for a in ANALYSES
-        if (data_dir / f"{a}.json").is_file()
-    }
-    report = results_dir / "experiments.md"
-    discussion = ""
-    if report.is_file() and DISCUSSION_MARK in report.read_text():
-        discussion = report.read_text().split(DISCUSSION_MARK, 1)[1].lstrip("\n")
+    files = {a: data_dir / f"{a}.json" for a in ANALYSES}
+    recorded = {a: json.loads(f.read_text()) for a, f in files.items() if f.is_file()}
     lines = [
         "# The paper's analyses, reproduced",
         "",
@@ -617,23 +522,14 @@ def write_report(results_dir: Path, command: str) -> Path:
     if "similarity" in recorded:
         figures = plot_similarity(recorded["similarity"], results_dir)
         lines += similarity_section(recorded["similarity"], figures)
-    lines += [DISCUSSION_MARK, "", discussion]
-    report.write_text("\n".join(lines).rstrip("\n") + "\n")
-    return report
-
-
-def _commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return proc.stdout.strip() or "unknown"
+    return h.write_report(results_dir / "experiments.md", lines, DISCUSSION_MARK)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = h.parser(__doc__)
     parser.add_argument("analysis", choices=(*ANALYSES, "all", "report"))
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny models, small grids")
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "datasets"))
+    parser.add_argument("--data-dir", default=str(h.DATA_DIR))
     parser.add_argument("--dataset", help="ablation and sweep dataset (default ml-100k; --quick: csv)")
     parser.add_argument("--similarity-datasets", nargs="+", help="default: ml-100k yahoo_music")
     parser.add_argument("--seed", type=int, default=0)
@@ -641,15 +537,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", help="artifact directory (default runs/experiments[-quick])")
     parser.add_argument("--results", help="report directory (default benchmarks/results; --quick: runs/)")
     args = parser.parse_args(argv)
-    suffix = "-quick" if args.quick else ""
-    runs_dir = Path(args.runs or REPO / "runs" / f"experiments{suffix}")
+    runs_dir = Path(args.runs or REPO / "runs" / f"experiments{'-quick' if args.quick else ''}")
     results_dir = Path(
-        args.results
-        or (REPO / "runs" / "experiments-quick-results" if args.quick else REPO / "benchmarks" / "results")
+        args.results or (REPO / "runs" / "experiments-quick-results" if args.quick else h.RESULTS)
     )
     runs_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "experiments").mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/experiments.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = h.command("experiments.py", argv)
     plan = make_plan(args)
     todo = ANALYSES if args.analysis == "all" else () if args.analysis == "report" else (args.analysis,)
     functions = {"ablation": ablation, "sweep": sweep, "similarity": similarity}
@@ -661,8 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"experiments {analysis}: error: {exc}", file=sys.stderr)
             return 2
         res.update(
-            commit=_commit(),
-            written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            commit=h.commit()["commit"],
+            written=h.stamp(),
             seconds=round(time.perf_counter() - t0, 1),
             quick=plan.quick,
             command=command,

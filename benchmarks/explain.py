@@ -3,25 +3,19 @@
     python benchmarks/explain.py --artifacts DIR [--data-dir ../shared/datasets] [--entries 500]
 
 1. cost: in process, one BLAS thread, `service.routes.predict.answer` (what POST /predict runs) for a
-   random known user and 10 random items per request, without and with `explain` (DCMC_EXPLAIN_K 5),
-   alternating in rounds; p50 and p99 of each and the p50 difference.
-2. faithfulness, on `--entries` random entries of ML-100K u1's test split (the artifact must be trained on
-   u1's training ratings; the test split only reports here, nothing is chosen with it): for m = 1, 3, 5,
-   how far the prediction moves when the m top-explained known ratings are taken out together, against m
-   random ones of the ratings whose line terms reach the entry (the user's own and the item's other
-   ratings) and m random ones of all; the removals are read as direct sums over every known rating (each
-   rating's weight and term, not the field's summary G). Then, on `--check` of the entries, each
-   reported single effect against the prediction of a field rebuilt from scratch without that rating.
+   random known user and 10 random items, without and with `explain` (DCMC_EXPLAIN_K 5), alternating in
+   rounds; p50 and p99 of each and the p50 difference.
+2. faithfulness, on `--entries` random entries of ML-100K u1's test split (reporting only; the artifact
+   trained on u1's training ratings): for m = 1, 3, 5, how far the prediction moves when the m
+   top-explained known ratings are taken out together, against m random ones of the user's and item's
+   ratings and m random ones of all, read as direct sums over every known rating (not the field's summary
+   G); then, on `--check` entries, each top single effect against a field rebuilt without that rating.
 
 Writes benchmarks/results/explain.md (and explain-deletion.png) and appends to explain.jsonl.
 """
 
-from __future__ import annotations
-
-import argparse
 import copy
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -30,14 +24,9 @@ from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as a service worker runs
 
+import harness as h
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from harness import commit_label, machine  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results"
 SIZES = (1, 3, 5)
 
 
@@ -64,13 +53,10 @@ def cost(artifacts: Path, rounds: int, per_round: int, seed: int) -> dict[str, A
                 t0 = time.perf_counter()
                 answer(served, settings, user, items, False, explain)
                 times[explain].append((time.perf_counter() - t0) * 1e3)
-    out = {
-        name: {
-            "p50_ms": float(np.percentile(times[flag], 50)),
-            "p99_ms": float(np.percentile(times[flag], 99)),
-        }
-        for name, flag in (("plain", False), ("explain", True))
-    }
+    out: dict[str, Any] = {}
+    for name, flag in (("plain", False), ("explain", True)):
+        s = h.summarize(times[flag])
+        out[name] = {"p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"]}
     out["added_p50_ms"] = out["explain"]["p50_ms"] - out["plain"]["p50_ms"]
     out["requests_each"] = len(times[False])
     return out
@@ -94,9 +80,7 @@ def faithfulness(artifacts: Path, data_dir: Path, entries: int, check: int, seed
     items = art.items.indices([split.item_ids[j] for j in split.test.cols[pick]])
     known = scorer.known
     everyone = np.arange(len(known))
-    moved: dict[str, dict[int, list[float]]] = {
-        w: {m: [] for m in SIZES} for w in ("explained", "line", "any")
-    }
+    moved = {w: {m: [] for m in SIZES} for w in ("explained", "line", "any")}
     checks: list[float] = []
     levels = scorer.network.levels
 
@@ -147,11 +131,7 @@ def faithfulness(artifacts: Path, data_dir: Path, entries: int, check: int, seed
 
 
 def plot(record: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = h.pyplot()
     curve = record["faithfulness"]["mean_abs_change"]
     fig, ax = plt.subplots(figsize=(5, 3.4))
     labels = {"explained": "top-explained", "line": "random (user's and item's)", "any": "random (any)"}
@@ -168,27 +148,22 @@ def plot(record: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def report(record: dict[str, Any], results: Path) -> None:
-    from harness import write_report
-
-    c, f = record["cost"], record["faithfulness"]
+def report(r: dict[str, Any], results: Path) -> None:
+    c, f, m = r["cost"], r["faithfulness"], r["machine"]
+    plain, explain = c["plain"], c["explain"]
     curve = f["mean_abs_change"]
     lines = [
         "# Explanations: cost and faithfulness",
         "",
-        f"- command: `{record['command']}` ({record['started']}, {record['wall_s']:.0f} s)",
-        f"- commit: `{record['commit']}`; machine: {record['machine']['nproc']} cores, "
-        f"{record['machine']['cpu']}",
-        f"- artifact: `{record['artifacts']}` (model {record['model_version']}, inference "
-        f"{record['inference']})",
+        f"- command: `{r['command']}` ({r['started']}, {r['wall_s']:.0f} s)",
+        f"- commit: `{r['commit']}`; machine: {m['nproc']} cores, {m['cpu']}",
+        f"- artifact: `{r['artifacts']}` (model {r['model_version']}, inference {r['inference']})",
         "",
         "## Cost (in process, one BLAS thread, 10 random items of a random known user per request)",
         "",
-        "| | p50 ms | p99 ms |",
-        "|---|---|---|",
-        f"| POST /predict's answer | {c['plain']['p50_ms']:.3f} | {c['plain']['p99_ms']:.3f} |",
-        f"| the same with explain (5 ratings each) | {c['explain']['p50_ms']:.3f} | "
-        f"{c['explain']['p99_ms']:.3f} |",
+        *h.table("| | p50 ms | p99 ms |"),
+        f"| POST /predict's answer | {plain['p50_ms']:.3f} | {plain['p99_ms']:.3f} |",
+        f"| the same with explain (5 ratings each) | {explain['p50_ms']:.3f} | {explain['p99_ms']:.3f} |",
         "",
         f"Added at p50: {c['added_p50_ms']:.3f} ms over {c['requests_each']} requests each (target 2 ms).",
         "",
@@ -196,8 +171,7 @@ def report(record: dict[str, Any], results: Path) -> None:
         "",
         "Mean |change of the prediction| when m known ratings are taken out together:",
         "",
-        "| m | top-explained | random of the user's and item's | random of all |",
-        "|---|---|---|---|",
+        *h.table("| m | top-explained | random of the user's and item's | random of all |"),
         *(
             f"| {m} | {curve['explained'][str(m)]:.5f} | {curve['line'][str(m)]:.5f} | "
             f"{curve['any'][str(m)]:.2e} |"
@@ -215,15 +189,13 @@ def report(record: dict[str, Any], results: Path) -> None:
         "![deletion curve](explain-deletion.png)",
         "",
     ]
-    write_report(results / "explain.md", lines)
+    h.write_report(results / "explain.md", lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = h.parser(__doc__)
     parser.add_argument("--artifacts", required=True, type=Path)
-    parser.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "datasets")
+    parser.add_argument("--data-dir", type=Path, default=h.DATA_DIR)
     parser.add_argument("--entries", type=int, default=500)
     parser.add_argument(
         "--check", type=int, default=20, help="entries whose top effect is rebuilt from scratch"
@@ -231,29 +203,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per-round", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=h.RESULTS)
     args = parser.parse_args(argv)
     from model.artifact import load_artifact
 
     started = time.time()
     art = load_artifact(args.artifacts)
     record: dict[str, Any] = {
-        "command": "python benchmarks/explain.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": commit_label("model", "service", "benchmarks/explain.py"),
-        "machine": machine(),
+        "command": h.command("explain.py", argv),
+        "commit": h.commit_label("model", "service", "benchmarks/explain.py"),
+        "machine": h.machine(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "artifacts": str(args.artifacts),
         "model_version": art.model_version,
         "inference": art.inference.mode,
         "cost": cost(args.artifacts, args.rounds, args.per_round, args.seed),
     }
-    print(json.dumps({"cost": record["cost"]}), flush=True)
+    h.emit({"cost": record["cost"]})
     record["faithfulness"] = faithfulness(args.artifacts, args.data_dir, args.entries, args.check, args.seed)
     record["wall_s"] = round(time.time() - started, 1)
-    print(json.dumps(record), flush=True)
-    args.results.mkdir(parents=True, exist_ok=True)
-    with (args.results / "explain.jsonl").open("a") as fh:
-        fh.write(json.dumps(record) + "\n")
+    h.emit(record)
+    h.append_jsonl(args.results / "explain.jsonl", record)
     plot(record, args.results / "explain-deletion.png")
     report(record, args.results)
     return 0

@@ -2,8 +2,6 @@
 the users left out of training, their ratings posted through POST /ratings, their u1 test ratings scored
 against the model trained with them), and its section of online.md."""
 
-from __future__ import annotations
-
 import argparse
 import hashlib
 import json
@@ -12,14 +10,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+import harness as h
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import DCMC, REPO, Redis, Service, commit, describe_commit, emit, record_header
+from harness import Redis, Service, rmse
 
 COLD_START = (0, 1, 2, 5, 10, 20, 50)
 """Ratings posted per held-out user at each point of the cold-start curve (then all of them)."""
@@ -37,18 +34,11 @@ def select_users(users: np.ndarray, fraction: float = HELD_FRACTION, seed: int =
     return np.sort(chosen)
 
 
-def write_csv(
-    path: Path,
-    user_ids: Sequence[str],
-    item_ids: Sequence[str],
-    rows: np.ndarray,
-    cols: np.ndarray,
-    values: np.ndarray,
-) -> None:
-    """A `user,item,rating` file (header line, external ids) of the entries, in order."""
+def write_csv(path: Path, user_ids: Sequence[str], item_ids: Sequence[str], *entries: np.ndarray) -> None:
+    """A `user,item,rating` file (header line, external ids) of the entries (rows, cols, values), in order."""
     with path.open("w") as fh:
         fh.write("user,item,rating\n")
-        for i, j, v in zip(rows.tolist(), cols.tolist(), values.tolist(), strict=True):
+        for i, j, v in zip(*(e.tolist() for e in entries), strict=True):
             fh.write(f"{user_ids[i]},{item_ids[j]},{v:g}\n")
 
 
@@ -63,12 +53,6 @@ def write_dataset(directory: Path, split: Any, held: np.ndarray) -> np.ndarray:
     )
     write_csv(directory / "test.csv", split.user_ids, split.item_ids, te.rows, te.cols, te.values)
     return keep
-
-
-def rmse(pred: np.ndarray, truth: np.ndarray) -> float:
-    """Root mean squared error."""
-    err = np.asarray(pred, dtype=np.float64) - np.asarray(truth, dtype=np.float64)
-    return float(np.sqrt(np.mean(err**2)))
 
 
 def bootstrap_gap(
@@ -91,13 +75,8 @@ def bootstrap_gap(
 def time_order(users: np.ndarray, timestamps: np.ndarray) -> dict[int, np.ndarray]:
     """Per user, the positions of their entries by timestamp (ties by position)."""
     order = np.lexsort((np.arange(len(users)), timestamps, users))
-    out: dict[int, np.ndarray] = {}
-    sorted_users = users[order]
-    bounds = np.flatnonzero(np.diff(sorted_users)) + 1
-    for chunk in np.split(order, bounds):
-        if len(chunk):
-            out[int(users[chunk[0]])] = chunk
-    return out
+    bounds = np.flatnonzero(np.diff(users[order])) + 1
+    return {int(users[chunk[0]]): chunk for chunk in np.split(order, bounds) if len(chunk)}
 
 
 def steps(counts: Sequence[int], sizes: dict[int, int]) -> list[tuple[int, dict[int, tuple[int, int]]]]:
@@ -147,8 +126,6 @@ def artifact_overrides(artifact: Path, base: Any, train_cls: Any) -> list[str]:
     for f in fields(train_cls):
         if f.name in train and train[f.name] != getattr(base.train, f.name):
             out.append(f"{f.name}={_value(train[f.name])}")
-    from dataclasses import MISSING
-
     from model.config import InferenceConfig, ModelConfig
 
     defaults = {f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING}
@@ -173,70 +150,37 @@ def _sha256(path: Path) -> str:
 def train_reduced(data: Path, out: Path, overrides: list[str], retrain: bool) -> dict[str, Any]:
     """`dcmc train` on the reduced csv dataset; reuses an artifact this script trained on the same data
     with the same command (stamp file beside it) unless `retrain`."""
-    argv = [
-        DCMC,
-        "train",
-        "--dataset",
-        "csv",
-        "--data-dir",
-        str(data),
-        "--split",
-        "u1",
-        "--seed",
-        "0",
-        "--threads",
-        "1",
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
+    argv = [h.DCMC, "train", "--dataset", "csv", "--data-dir", str(data), "--split", "u1", "--seed", "0"]
+    argv += ["--threads", "1", "--no-progress", "--out", str(out)]
     for pair in overrides:
         argv += ["--set", pair]
     stamp_path = out.parent / f"{out.name}.stamp.json"
-    stamp: dict[str, Any] = {
-        "argv": argv[1:],
-        "train_csv": _sha256(data / "train.csv"),
-        "test_csv": _sha256(data / "test.csv"),
-    }
+    stamp: dict[str, Any] = {"argv": argv[1:], "train_csv": _sha256(data / "train.csv")}
+    stamp["test_csv"] = _sha256(data / "test.csv")
     command = " ".join(["dcmc", *argv[1:]])
-    if not retrain and (out / "manifest.json").is_file() and stamp_path.is_file():
-        old = json.loads(stamp_path.read_text())
-        if {k: old.get(k) for k in stamp} == stamp:
-            metrics = json.loads((out / "metrics.json").read_text())
-            return {
-                "command": command,
-                "reused": True,
-                "trained_at": old.get("trained_at"),
-                "trained_commit": old.get("commit"),
-                **_train_summary(metrics),
-            }
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(out.parent / f"{out.name}.ckpt", ignore_errors=True)
-    print("$", command, flush=True)
-    log = out.parent / f"{out.name}.train.log"
-    t0 = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
-    if proc.returncode != 0:
-        raise RuntimeError(f"dcmc train failed ({proc.returncode}); see {log}")
-    wall = time.perf_counter() - t0
-    c = commit()
-    stamp.update(trained_at=time.strftime("%Y-%m-%d %H:%M:%S"), commit=describe_commit(c), wall_s=wall)
-    stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
+    old = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
+    if not retrain and (out / "manifest.json").is_file() and {k: old.get(k) for k in stamp} == stamp:
+        done = {"reused": True, "trained_at": old.get("trained_at"), "trained_commit": old.get("commit")}
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(out.parent / f"{out.name}.ckpt", ignore_errors=True)
+        print("$", command, flush=True)
+        log = out.parent / f"{out.name}.train.log"
+        t0 = time.perf_counter()
+        with log.open("w") as fh:
+            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=h.REPO)
+        if proc.returncode != 0:
+            raise RuntimeError(f"dcmc train failed ({proc.returncode}); see {log}")
+        wall = time.perf_counter() - t0
+        stamp.update(
+            trained_at=time.strftime("%Y-%m-%d %H:%M:%S"), commit=h.describe_commit(h.commit()), wall_s=wall
+        )
+        stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
+        done = {"reused": False, "trained_at": stamp["trained_at"], "trained_commit": stamp["commit"]}
+        done["wall_s"] = round(wall, 1)
     metrics = json.loads((out / "metrics.json").read_text())
-    return {
-        "command": command,
-        "reused": False,
-        "trained_at": stamp["trained_at"],
-        "trained_commit": stamp["commit"],
-        "wall_s": round(wall, 1),
-        **_train_summary(metrics),
-    }
-
-
-def _train_summary(metrics: dict[str, Any]) -> dict[str, Any]:
     keys = ("train_seconds", "epochs", "val_rmse", "n_train", "n_val")
-    return {k: metrics.get(k) for k in keys}
+    return {"command": command, **done, **{k: metrics.get(k) for k in keys}}
 
 
 def same_settings(reduced: Path, base: Path) -> dict[str, Any]:
@@ -246,12 +190,10 @@ def same_settings(reduced: Path, base: Path) -> dict[str, Any]:
 
     a, b = (json.loads((p / "config.json").read_text()) for p in (reduced, base))
     diff: dict[str, Any] = {}
-    for key in sorted(set(a["train"]) | set(b["train"])):
-        if a["train"].get(key) != b["train"].get(key):
-            diff[f"train.{key}"] = [a["train"].get(key), b["train"].get(key)]
-    for key in sorted(set(a["model"]) | set(b["model"])):
-        if key not in ("n_users", "n_items") and a["model"].get(key) != b["model"].get(key):
-            diff[f"model.{key}"] = [a["model"].get(key), b["model"].get(key)]
+    for group in ("train", "model"):
+        for key in sorted(set(a[group]) | set(b[group])):
+            if key not in ("n_users", "n_items") and a[group].get(key) != b[group].get(key):
+                diff[f"{group}.{key}"] = [a[group].get(key), b[group].get(key)]
     ia, ib = (flat_inference(InferenceConfig.from_dict(x["inference"]).to_dict()) for x in (a, b))
     for key in ia:
         if ia[key] != ib[key]:
@@ -288,38 +230,43 @@ def score_service(
     return pred
 
 
-def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
-    from model.exact import BiasModel
-    from model.online import ITEM_SHRINK, USER_SHRINK
+def prepare(args: argparse.Namespace) -> tuple[Any, np.ndarray, np.ndarray, list[str], dict[str, Any]]:
+    """The reduced model: ML-100K u1 less the held-out users' training ratings (<work>/data), trained as the
+    base artifact was (<work>/reduced). The split, the held-out users, the mask of the training ratings
+    kept, the `--set` overrides and the training's summary."""
     from training.config import TrainConfig, preset
     from training.data import load_dataset
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     split = load_dataset("ml-100k", args.data_dir, split="u1")
+    held = select_users(split.train.rows, HELD_FRACTION, HELD_SEED)
+    keep = write_dataset(work / "data", split, held)
+    overrides = artifact_overrides(Path(args.base), preset("csv"), TrainConfig)
+    training = train_reduced(work / "data", work / "reduced", overrides, args.retrain)
+    return split, held, keep, overrides, training
+
+
+def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
+    from model.exact import BiasModel
+    from model.online import ITEM_SHRINK, USER_SHRINK
+
+    work = Path(args.work)
+    split, held, keep, overrides, training = prepare(args)
     # u1's training entries are u.data's lines 20001..100000 in file order: their timestamps.
-    raw = np.loadtxt(Path(args.data_dir) / "ml-100k" / "u.data", dtype=np.int64)
-    train_raw = raw[20_000:]
+    train_raw = np.loadtxt(Path(args.data_dir) / "ml-100k" / "u.data", dtype=np.int64)[20_000:]
     uid = np.asarray(split.user_ids)[split.train.rows].astype(np.int64)
     iid = np.asarray(split.item_ids)[split.train.cols].astype(np.int64)
     if not (np.array_equal(uid, train_raw[:, 0]) and np.array_equal(iid, train_raw[:, 1])):
         raise RuntimeError("u1's training entries are not u.data's lines 20001.. in order")
     stamps = train_raw[:, 3]
-    held = select_users(split.train.rows, HELD_FRACTION, HELD_SEED)
-    data_dir = work / "data"
-    keep = write_dataset(data_dir, split, held)
     n_users_with_train = len(np.unique(split.train.rows))
-    overrides = artifact_overrides(Path(args.base), preset("csv"), TrainConfig)
-    training = train_reduced(data_dir, work / "reduced", overrides, args.retrain)
-    emit({"part": "accuracy", "step": "trained", **training})
+    h.emit({"part": "accuracy", "step": "trained", **training})
     reduced = work / "reduced"
     settings_check = same_settings(reduced, Path(args.base))
     if not settings_check["equal"]:
-        print(
-            "warning: the reduced model's settings differ from the base artifact's:",
-            settings_check["differences"],
-            file=sys.stderr,
-        )
+        warning = "warning: the reduced model's settings differ from the base artifact's:"
+        print(warning, settings_check["differences"], file=sys.stderr)
 
     red_items = set(json.loads((reduced / "item_ids.json").read_text()))
     red_users = set(json.loads((reduced / "user_ids.json").read_text()))
@@ -350,7 +297,6 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
 
     sizes = {u: len(p) for u, p in per_user.items()}
     curve: list[dict[str, Any]] = []
-    restart: dict[str, Any] = {}
     others: dict[str, Any] = {}
     with Redis() as redis_server:
         prefix = "online-accuracy"
@@ -358,28 +304,21 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
         svc = Service(reduced, redis_server.url, prefix, 1, log).wait_ready()
         try:
             posted = 0
-            stream: list[tuple[str, str, float]] = []
             for n, todo in steps(COLD_START, sizes):
-                batch = []
-                for user, (start, stop) in todo.items():
-                    for k in per_user[user][start:stop].tolist():
-                        batch.append(
-                            (split.user_ids[tr.rows[k]], split.item_ids[tr.cols[k]], float(tr.values[k]))
-                        )
+                batch = [
+                    (split.user_ids[tr.rows[k]], split.item_ids[tr.cols[k]], float(tr.values[k]))
+                    for user, (start, stop) in todo.items()
+                    for k in per_user[user][start:stop].tolist()
+                ]
                 t0 = time.perf_counter()
                 for part in chunks(batch, 1000):
                     svc.post_ratings(part)
                 post_s = time.perf_counter() - t0
                 posted += len(batch)
-                stream += batch
-                scored = (
-                    users_with_test
-                    if n != 0
-                    else np.array(
-                        [u for u in users_with_test.tolist() if split.user_ids[u] in red_users],
-                        dtype=np.int64,
-                    )
-                )
+                scored = users_with_test
+                if n == 0:
+                    known = [u for u in users_with_test.tolist() if split.user_ids[u] in red_users]
+                    scored = np.array(known, dtype=np.int64)
                 everyone = n in (0, -1)  # before and after: the other users too
                 t0 = time.perf_counter()
                 pred = score_service(
@@ -391,8 +330,8 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
                 for user in users_with_test.tolist():
                     entries = per_user.get(user, np.empty(0, np.int64))
                     stop = len(entries) if n < 0 else min(n, len(entries))
-                    posted = (tr.cols[entries[:stop]], tr.values[entries[:stop]])
-                    refit = biases.with_users([user], lambda _, posted=posted: posted)
+                    rated = (tr.cols[entries[:stop]], tr.values[entries[:stop]])
+                    refit = biases.with_users([user], lambda _, rated=rated: rated)
                     pos = np.flatnonzero(te.rows == user)
                     bias[pos] = np.clip(refit.predict(user, te.cols[pos]), lo, hi)
                 sel = test_held[~np.isnan(pred[test_held])]
@@ -410,7 +349,7 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
                     "score_s": round(score_s, 2),
                 }
                 curve.append(point)
-                emit({"part": "accuracy", "step": "point", **point})
+                h.emit({"part": "accuracy", "step": "point", **point})
                 if everyone:
                     rest = np.flatnonzero(~in_test)
                     others["before" if n == 0 else "after"] = rmse(pred[rest], te.values[rest])
@@ -432,6 +371,7 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             svc.stop()
     full = curve[-1]
+    gap_ci = bootstrap_gap(te.rows[test_held], final[test_held], base_pred[test_held], te.values[test_held])
     record = {
         "part": "accuracy",
         "dataset": "ml-100k u1",
@@ -460,9 +400,7 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
         "rmse_trained_in": full["rmse_trained_in"],
         "rmse_bias": full["rmse_bias"],
         "gap": full["rmse_foldin"] - full["rmse_trained_in"],
-        "gap_ci95_users": bootstrap_gap(
-            te.rows[test_held], final[test_held], base_pred[test_held], te.values[test_held]
-        ),
+        "gap_ci95_users": gap_ci,
         "target_gap": TARGET_GAP,
         "met": full["rmse_foldin"] - full["rmse_trained_in"] <= TARGET_GAP,
         "trained_in_all_test": rmse(base_pred, te.values),
@@ -482,9 +420,7 @@ def part_accuracy(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _base_meta(base: Path) -> dict[str, Any]:
-    cfg = json.loads((base / "config.json").read_text())
-    man = json.loads((base / "manifest.json").read_text())
-    met = json.loads((base / "metrics.json").read_text())
+    cfg, man, met = (json.loads((base / f"{n}.json").read_text()) for n in ("config", "manifest", "metrics"))
     return {
         "model_version": man.get("model_version"),
         "dataset": cfg.get("dataset"),
@@ -497,24 +433,15 @@ def _base_meta(base: Path) -> dict[str, Any]:
 
 
 def plot_cold_start(record: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = h.pyplot()
     curve = record["curve"]
     labels = [str(p["n"]) for p in curve]
     x = np.arange(len(curve))
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.plot(x, [p["rmse_foldin"] for p in curve], "o-", label="DCMC fold-in (POST /ratings)")
     ax.plot(x, [p["rmse_bias"] for p in curve], "s--", label="bias-only fold-in (mu + b_i + c_j)")
-    ax.axhline(
-        record["rmse_trained_in"],
-        color="k",
-        lw=1,
-        ls=":",
-        label=f"trained on everything ({record['rmse_trained_in']:.4f})",
-    )
+    trained_in = record["rmse_trained_in"]
+    ax.axhline(trained_in, color="k", lw=1, ls=":", label=f"trained on everything ({trained_in:.4f})")
     ax.set_xticks(x, labels)
     ax.set_xlabel("training ratings posted per held-out user (first n by timestamp; 'all' = every one)")
     ax.set_ylabel("RMSE on their u1 test ratings")
@@ -533,7 +460,7 @@ def plot_cold_start(record: dict[str, Any], path: Path) -> Path:
 
 
 def accuracy_section(r: dict[str, Any], figure: Path | None) -> list[str]:
-    h, t = r["held_out"], r["training"]
+    ho, t = r["held_out"], r["training"]
     lo, hi = r["gap_ci95_users"]
     trained = (
         f"reused the reduced artifact that an earlier run of this script trained at {t['trained_at']} "
@@ -547,11 +474,10 @@ def accuracy_section(r: dict[str, Any], figure: Path | None) -> list[str]:
     lines = [
         "## 1. Fold-in accuracy and cold start (ML-100K u1)",
         "",
-        *record_header(r),
-        f"- held out: {h['users']} of the {h['of_users_with_training_ratings']} users with u1 training "
-        "ratings "
-        f"(a seeded {h['fraction']:.0%}, numpy default_rng({h['seed']}).choice); their "
-        f"{h['training_ratings_removed']} training ratings are left out of the reduced train.csv "
+        *h.record_header(r),
+        f"- held out: {ho['users']} of the {ho['of_users_with_training_ratings']} users with u1 training "
+        f"ratings (a seeded {ho['fraction']:.0%}, numpy default_rng({ho['seed']}).choice); their "
+        f"{ho['training_ratings_removed']} training ratings are left out of the reduced train.csv "
         f"({r['reduced_train_rows']} ratings remain); test.csv is u1's test (20,000 ratings).",
         f"- reduced model: `{t['command']}` — {trained}; {t['epochs']} epochs, {t['n_train']} training + "
         f"{t['n_val']} validation ratings, train_seconds {t['train_seconds']}, validation RMSE "
@@ -559,39 +485,37 @@ def accuracy_section(r: dict[str, Any], figure: Path | None) -> list[str]:
         f"{match}.",
         f"- trained-in model: `{r['base']}` (model {r['base_meta']['model_version']}, trained before this "
         "run on all of u1's training ratings, seed 0; its config.json holds the settings the reduced model "
-        "copies), "
-        "reused, scored with the Python API (load_artifact, artifact_scorer, "
-        "predict_distributions, expected_rating, clipped to the levels as the service does) with its own "
-        f"inference. Its RMSE on all of u1's test: {r['trained_in_all_test']:.4f}.",
+        "copies), reused, scored with the Python API (load_artifact, artifact_scorer, predict_distributions, "
+        "expected_rating, clipped to the levels as the service does) with its own inference. Its RMSE on all "
+        f"of u1's test: {r['trained_in_all_test']:.4f}.",
         f"- fold-in: `dcmc serve --workers {r['workers']}` on the reduced artifact with a write token; each "
-        f"held-out user's training ratings POSTed to /ratings ({h['training_ratings_posted']} ratings, "
+        f"held-out user's training ratings POSTed to /ratings ({ho['training_ratings_posted']} ratings, "
         "batches of at most 1000) in u.data timestamp order per user, in steps; after each step the held-out "
-        "users' "
-        "u1 test ratings are scored through POST /predict (one request per user).",
+        "users' u1 test ratings are scored through POST /predict (one request per user).",
         f"- bias-only fold-in: mu + b_i + c_j clipped to [1, 5]; mu = {r['bias']['mu']:.4f} and the item "
         f"biases c from model.exact.BiasModel.fit on the reduced training set (user shrink "
         f"{r['bias']['user_shrink']:g}, item shrink {r['bias']['item_shrink']:g}), b_i = sum(r - mu - c_j) / "
         "(n_i + 2) over the same posted ratings.",
-        f"- scored: the {h['test_entries']} u1 test ratings of the {h['users_with_test_entries']} held-out "
-        f"users that have any (u1's test holds users 1..462 only; the other "
-        f"{h['users'] - h['users_with_test_entries']} held-out users are posted too, and join the model as "
+        f"- scored: the {ho['test_entries']} u1 test ratings of the {ho['users_with_test_entries']} held-out "
+        "users that have any (u1's test holds users 1..462 only; the other "
+        f"{ho['users'] - ho['users_with_test_entries']} held-out users are posted too, and join the model as "
         "new users, but have nothing to score). The scored users are in the reduced artifact's vocabulary "
         "(test.csv names them) with an empty training row, so before any post they are predicted from an "
-        "all-zero row; "
-        "the row branch then embeds the same rating row as it would for a new id.",
-        f"- {h['ratings_not_postable_item_unknown']} training ratings of held-out users name items that the "
+        "all-zero row; the row branch then embeds the same rating row as it would for a new id.",
+        f"- {ho['ratings_not_postable_item_unknown']} training ratings of held-out users name items that the "
         "reduced dataset lacks entirely (only held-out users rated them, and not in the test split): the "
         "service refuses unknown items, so they are posted to neither fold-in.",
         "- The test split is used here only to report this comparison; nothing was tuned on it.",
         "",
         f"**Result**: fold-in RMSE {r['rmse_foldin']:.4f} against trained-in {r['rmse_trained_in']:.4f} on "
-        f"the same {h['test_entries']} test ratings: gap {r['gap']:+.4f} (95% interval over users, paired "
+        f"the same {ho['test_entries']} test ratings: gap {r['gap']:+.4f} (95% interval over users, paired "
         f"bootstrap: {lo:+.4f} to {hi:+.4f}); target within {r['target_gap']:g}: {verdict}. Bias-only "
         f"fold-in: {r['rmse_bias']:.4f}.",
         "",
-        "| ratings posted per user | users with fewer (all posted) | ratings posted in total "
-        "| DCMC fold-in RMSE | bias-only RMSE | trained-in RMSE | test ratings |",
-        "|---|---|---|---|---|---|---|",
+        *h.table(
+            "| ratings posted per user | users with fewer (all posted) | ratings posted in total "
+            "| DCMC fold-in RMSE | bias-only RMSE | trained-in RMSE | test ratings |"
+        ),
     ]
     for p in r["curve"]:
         lines.append(

@@ -1,34 +1,16 @@
 """Parts 2 and 3 of benchmarks/online.py: a rating's way to a second replica (freshness), and wrk on the
 routes while ratings arrive (speed), with their sections of online.md."""
 
-from __future__ import annotations
-
 import argparse
 import contextlib
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness as h
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (
-    PREDICT_LUA,
-    RATINGS_LUA,
-    RECOMMEND_LUA,
-    TOKEN,
-    Redis,
-    Service,
-    bodies,
-    emit,
-    lua_list,
-    record_header,
-    run_wrk,
-    summarize,
-)
+from harness import Redis, Service
 
 # -- part 2: freshness across replicas -----------------------------------------------------------------------
 
@@ -103,26 +85,19 @@ def part_freshness(args: argparse.Namespace) -> dict[str, Any]:
         "timeouts_10s": timeouts,
         "a_b_mismatches": mismatches,
         "stream_length": stream,
-        "latency": summarize(latencies),
+        "latency": h.summarize(latencies),
         "polls_per_change": {
             "p50": float(np.median(polls)) if polls else None,
             "max": int(max(polls)) if polls else None,
         },
-        "poll_latency": summarize(poll_ms),
-        "post_latency": summarize(post_ms),
+        "poll_latency": h.summarize(poll_ms),
+        "post_latency": h.summarize(post_ms),
         "redis": durability,
         "bounds": {"n": args.freshness_n, "seconds": args.freshness_seconds},
     }
 
 
 # -- part 3: speed with wrk ----------------------------------------------------------------------------------
-
-
-def _wrk(url: str, path: str, connections: int, duration: int, script: Path | None) -> dict[str, Any]:
-    result, out = run_wrk(url, path, connections, duration, script)
-    if result["non_2xx"] or result["socket_errors"]:
-        print(out, file=sys.stderr)
-    return result
 
 
 class Writer:
@@ -144,8 +119,9 @@ class Writer:
         self.svc, self.users, self.items, self.levels, self.per_s = svc, users, items, levels, per_s
         self.done = threading.Event()
         self.written = [0] * senders
+        pace = per_s / senders
         self.threads = [
-            threading.Thread(target=self._run, args=(k, per_s / senders), daemon=True) for k in range(senders)
+            threading.Thread(target=self._run, args=(k, pace), daemon=True) for k in range(senders)
         ]
         for thread in self.threads:
             thread.start()
@@ -157,14 +133,9 @@ class Writer:
         started, sent = time.monotonic(), 0
         with httpx.Client(base_url=self.svc.url, timeout=30) as client:
             while not self.done.is_set():
-                rating = {
-                    "user": self.users[rng.integers(len(self.users))],
-                    "item": self.items[rng.integers(len(self.items))],
-                    "rating": self.levels[rng.integers(len(self.levels))],
-                }
-                r = client.post(
-                    "/ratings", json={"ratings": [rating]}, headers={"Authorization": f"Bearer {TOKEN}"}
-                )
+                u, i, v = (rng.integers(len(x)) for x in (self.users, self.items, self.levels))
+                rating = {"user": self.users[u], "item": self.items[i], "rating": self.levels[v]}
+                r = client.post("/ratings", json={"ratings": [rating]}, headers=h.AUTH)
                 sent += 1
                 self.written[k] += r.status_code == 200
                 pause = started + sent / per_s - time.monotonic()
@@ -185,16 +156,12 @@ def first_rating_everywhere(svc: Service, item: str, level: Any, runs: int = 20)
     import httpx
 
     user = f"newcomer-{time.time_ns()}"
-    r = svc.client.post(
-        "/ratings",
-        json={"ratings": [{"user": user, "item": item, "rating": level}]},
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    )
+    rating = {"user": user, "item": item, "rating": level}
+    r = svc.client.post("/ratings", json={"ratings": [rating]}, headers=h.AUTH)
     acknowledged = time.monotonic()
     streak, streak_start = 0, acknowledged
-    with httpx.Client(
-        base_url=svc.url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)
-    ) as fresh:
+    fresh_connections = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(base_url=svc.url, timeout=30, limits=fresh_connections) as fresh:
         while streak < runs and time.monotonic() - acknowledged < 120:
             started = time.monotonic()
             ok = fresh.post("/predict", json={"user": user, "items": [item]}).status_code == 200
@@ -222,9 +189,7 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(args.base)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    users = json.loads((base / "user_ids.json").read_text())
-    items = json.loads((base / "item_ids.json").read_text())
-    levels = [int(x) if float(x).is_integer() else float(x) for x in np.load(base / "levels.npy")]
+    users, items, levels = h.artifact_ids(base)
     results: dict[str, Any] = {}
     with Redis() as redis_server, tempfile.TemporaryDirectory() as tmp:
         prefix = "online-speed"
@@ -232,21 +197,13 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
         svc = Service(base, redis_server.url, prefix, 2, work / "serve-speed.log", service_env)
         try:
             svc.wait_ready()
-            scripts = {
-                "predict": Path(tmp) / "predict.lua",
-                "ratings": Path(tmp) / "ratings.lua",
-                "recommend": Path(tmp) / "recommend.lua",
-            }
-            scripts["predict"].write_text(PREDICT_LUA % lua_list(bodies(base, 100)))
-            scripts["ratings"].write_text(
-                RATINGS_LUA % (lua_list(users), lua_list(items), ",".join(map(str, levels)), TOKEN)
-            )
-            scripts["recommend"].write_text(RECOMMEND_LUA % lua_list(users))
+            scripts = h.lua_scripts(Path(tmp), base, (100,))
+            scripts["predict"] = scripts["predict100"]
             rec = recommend_state(svc, users[0])
             d = args.duration
-            _wrk(svc.url, "/predict", 2, 3, scripts["predict"])  # warm both workers
+            h.wrk(svc.url, "/predict", 2, 3, scripts["predict"])  # warm both workers
             if rec["exists"]:
-                _wrk(svc.url, "/recommend", 2, 3, scripts["recommend"])
+                h.wrk(svc.url, "/recommend", 2, 3, scripts["recommend"])
             plan: list[tuple[str, str, int, Path | None]] = [
                 ("health@1", "/health", 1, None),
                 ("predict@1", "/predict", 1, scripts["predict"]),
@@ -266,7 +223,7 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
             for name, path, conns, script in plan:
                 writer = Writer(svc, users, items, levels, per_s=100) if "while" in name else None
                 cache_before = svc.metrics_by("dcmc_user_rows_total", "event")
-                results[name] = _wrk(svc.url, path, conns, d, script)
+                results[name] = h.wrk(svc.url, path, conns, d, script)
                 if writer is not None:
                     results[name]["ratings_written_during"] = writer.stop()
                 if path == "/predict":  # how the answers were made: cached rows, row parts, computed
@@ -276,10 +233,10 @@ def part_speed(args: argparse.Namespace) -> dict[str, Any]:
                     }
                 if name.startswith("ratings"):
                     results[name]["stream_length_after"] = int(redis_server.client.xlen(f"{prefix}:ratings"))
-                emit({"part": "speed", "run": name, **results[name]})
+                h.emit({"part": "speed", "run": name, **results[name]})
                 if name == "ratings@32":  # right after the burst: a new user's first rating, everywhere
                     newcomer = first_rating_everywhere(svc, items[0], levels[-1])
-                    emit({"part": "speed", "run": "newcomer after the burst", **newcomer})
+                    h.emit({"part": "speed", "run": "newcomer after the burst", **newcomer})
             time.sleep(1.0)  # the other worker's tail (200 ms reads) catches up
             stream = int(redis_server.client.xlen(f"{prefix}:ratings"))
             written = svc.metric("dcmc_ratings_written_total")
@@ -315,7 +272,7 @@ def freshness_section(r: dict[str, Any]) -> list[str]:
     return [
         "## 2. Freshness across replicas",
         "",
-        *record_header(r),
+        *h.record_header(r),
         f"- {r['servers']} on `{r['base']}`. {r['posts']} times (bounds: {r['bounds']['n']} posts, "
         f"{r['bounds']['seconds']:g} s): POST one rating of user {r['probe']['user']} for item "
         f"{r['probe']['item']} (unrated in training; {r['probe']['ratings']}) to server A, then poll server "
@@ -323,8 +280,7 @@ def freshness_section(r: dict[str, Any]) -> list[str]:
         "changes. Measured: from A's 200 to B's changed answer (B's answer received), so it includes at "
         f"least one /predict round trip (B's poll: p50 {poll['p50_ms']:.2f} ms).",
         "",
-        "| | n | p50 ms | p99 ms | max ms |",
-        "|---|---|---|---|---|",
+        *h.table("| | n | p50 ms | p99 ms | max ms |"),
         f"| A's 200 -> B's changed answer | {lat['n']} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} | "
         f"{lat['max_ms']:.2f} |",
         f"| POST /ratings to A (1 rating) | {post['n']} | {post['p50_ms']:.2f} | {post['p99_ms']:.2f} | "
@@ -340,38 +296,38 @@ def freshness_section(r: dict[str, Any]) -> list[str]:
     ]
 
 
+LABELS = {
+    "health": "GET /health",
+    "predict": "POST /predict (100 items)",
+    "recommend": "GET /recommend/{user}?k=10",
+    "ratings": "POST /ratings (1 rating)",
+}
+EVENTS = ("hit", "fill", "parts_hit", "parts_fill")
+"""The events of dcmc_user_rows_total: how /predict answers were made."""
+
+
 def speed_section(r: dict[str, Any]) -> list[str]:
-    res = r["results"]
-    rec = r["recommend"]
+    res, rec = r["results"], r["recommend"]
+    skipped = f"**skipped**, the route answers {rec['status']} `Not Found` in this service (not registered)."
     lines = [
         "## 3. Speed (wrk)",
         "",
-        *record_header(r),
+        *h.record_header(r),
         f"- `dcmc serve --workers {r['workers']}` on `{r['base']}`, wrk `-d{r['duration_s']}s --latency`, "
         "threads = min(connections, 2), all runs in this order in one run against one service. /predict: 500 "
         "random bodies (user + 100 distinct items, seed 0) cycled; POST /ratings: one rating per request, a "
         "random known user, item and level per request (wrk Lua, bearer token), so every request stores one "
         "rating durably and both workers fold it in.",
-        "- GET /recommend/{user}?k=10: "
-        + (
-            "random known user per request."
-            if rec["exists"]
-            else f"**skipped**, the route answers {rec['status']} `Not Found` in this service "
-            "(not registered)."
-        ),
+        "- GET /recommend/{user}?k=10: " + ("random known user per request." if rec["exists"] else skipped),
         "",
-        "| route | conc. | req/s | p50 ms | p99 ms | requests | non-2xx | ratings in the stream after |",
-        "|---|---|---|---|---|---|---|---|",
+        *h.table(
+            "| route | conc. | req/s | p50 ms | p99 ms | requests | non-2xx | ratings in the stream after |"
+        ),
     ]
     for name, x in res.items():
         route, _, rest = name.partition("@")
         conc, _, note = rest.partition(" ")
-        label = {
-            "health": "GET /health",
-            "predict": "POST /predict (100 items)",
-            "recommend": "GET /recommend/{user}?k=10",
-            "ratings": "POST /ratings (1 rating)",
-        }[route]
+        label = LABELS[route]
         if "ratings_written_during" in x:
             note += f" ({x['ratings_written_during']} acknowledged)"
         lines.append(
@@ -380,9 +336,7 @@ def speed_section(r: dict[str, Any]) -> list[str]:
             f"{' (socket errors: ' + x['socket_errors'] + ')' if x['socket_errors'] else ''} | "
             f"{x.get('stream_length_after', '')} |"
         )
-    lines += [
-        "",
-    ]
+    lines.append("")
     made = [(n, x["user_rows"]) for n, x in res.items() if x.get("user_rows")]
     if made:
         lines += [
@@ -390,13 +344,8 @@ def speed_section(r: dict[str, Any]) -> list[str]:
             "cached row of the state, `fill` a row computed, `parts_hit` from the user's row parts (read "
             "with the state's field and column terms), `parts_fill` parts computed.",
             "",
-            "| run | hit | fill | parts_hit | parts_fill |",
-            "|---|---|---|---|---|",
-            *(
-                f"| {n} | {u.get('hit', 0):.0f} | {u.get('fill', 0):.0f} | {u.get('parts_hit', 0):.0f} | "
-                f"{u.get('parts_fill', 0):.0f} |"
-                for n, u in made
-            ),
+            *h.table("| run | hit | fill | parts_hit | parts_fill |"),
+            *(f"| {n} | " + " | ".join(f"{u.get(k, 0):.0f}" for k in EVENTS) + " |" for n, u in made),
             "",
         ]
     lines += [

@@ -3,53 +3,40 @@ acknowledged ratings were lost (the target is 0 everywhere).
 
     python benchmarks/reliability.py --artifacts DIR [--ratings 500] [--down-s 10]
 
-Every scenario starts its own redis-server (free port, temporary directory, append-only file fsynced on
-every write; killed with SIGKILL where the scenario says so) and its own `dcmc serve` processes with online
-writes on; the shared Redis is not used.
+Every scenario starts its own redis-server (harness.Redis: append-only file fsynced on every write) and
+its own `dcmc serve` processes with online writes on; the shared Redis is not used.
 
-1. redis-kill: 2 replicas; N ratings posted one per request through replica A, each acknowledged; then
-   `kill -9` of redis-server and a restart from its append-only file. Counts the stream, what each replica
-   applied, and compares the replicas' answers for the users rated.
-2. replica-kill: a writer posts ratings through A for a while; replica B is killed (-9) in the middle and a
-   new B started; once the writer stops, both must have applied every acknowledged rating and answer alike.
+1. redis-kill: 2 replicas; N ratings posted one per request through replica A, then `kill -9` of
+   redis-server and a restart from its append-only file: the stream, what each replica applied, and
+   whether the replicas answer alike for the users rated.
+2. replica-kill: ratings posted through A for a while; replica B is killed (-9) in the middle and a new B
+   started; both must then have applied every acknowledged rating and answer alike.
 3. reload: `dcmc serve --workers 2` on a symlink to artifact A under 32 concurrent /predict clients; B (A
-   with another inference setting, so other answers) is published in the middle. Counts failed requests and
-   answers whose numbers are not those of the model their `model_version` names (a mixture).
-4. redis-down: 2 workers under 8 concurrent readers and one writer; redis-server is killed for --down-s
-   seconds, then restarted. Counts reads that failed, writes answered 200 / 503 / otherwise, and compares
-   the stream with the acknowledged writes (lost: acknowledged but absent; phantom: stored but refused).
+   with another inference setting) is published in the middle: failed requests, and answers whose numbers
+   are not those of the model their `model_version` names (a mixture).
+4. redis-down: 2 workers, 8 readers and one writer; redis-server is killed for --down-s seconds: failed
+   reads, writes answered 200 / 503 / otherwise, the stream against the acknowledged writes.
 5. hostile: one request per input class (oversized body, NaN / infinite / off-scale ratings, a 10k-character
    id, non-UTF-8 bytes, deeply nested JSON, repeated items and repeated ratings in one request).
 
 Writes benchmarks/results/reliability.md and appends the record to reliability.jsonl.
 """
 
-from __future__ import annotations
-
-import argparse
 import asyncio
 import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import harness as h
 import numpy as np
+from harness import AUTH, Redis, Service
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import TOKEN, Redis, Service, commit_label
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ENV = {"DCMC_REDIS_RETRY_S": "0.2"}
 
 
@@ -73,8 +60,9 @@ def _rating(user: str, item: str, value: float) -> dict[str, Any]:
     return {"ratings": [{"user": user, "item": item, "rating": value}]}
 
 
-def _answers(svc: Service, users: list[str], items: list[str]) -> np.ndarray:
-    return np.array([svc.predict(u, items) for u in users])
+def _apart(a: Service, b: Service, users: list[str], items: list[str]) -> float:
+    """How far two replicas' answers for `users` are apart (largest absolute difference)."""
+    return float(np.abs(a.answers(users, items) - b.answers(users, items)).max())
 
 
 class Env:
@@ -82,16 +70,13 @@ class Env:
 
     def __init__(self, artifacts: Path, work: Path) -> None:
         self.artifacts, self.work = artifacts, work
-        self.users: list[str] = json.loads((artifacts / "user_ids.json").read_text())
-        self.items: list[str] = json.loads((artifacts / "item_ids.json").read_text())
-        self.levels = [float(x) for x in np.load(artifacts / "levels.npy")]
+        self.users, self.items, self.levels = h.artifact_ids(artifacts)
 
     def rating(self, n: int) -> tuple[str, str, float]:
         return self.users[n % 7], self.items[(n * 13) % len(self.items)], self.levels[n % len(self.levels)]
 
-    def service(self, redis_url: str, workers: int = 1, artifacts: Path | None = None) -> Service:
-        log = self.work / "serve.log"
-        return Service(artifacts or self.artifacts, redis_url, "dcmc", workers, log, ENV)
+    def service(self, redis_url: str, workers: int = 1) -> Service:
+        return Service(self.artifacts, redis_url, "dcmc", workers, self.work / "serve.log", ENV)
 
 
 def redis_kill(env: Env, n: int) -> dict[str, Any]:
@@ -102,18 +87,15 @@ def redis_kill(env: Env, n: int) -> dict[str, Any]:
             b.wait_ready()
             acked = 0
             for k in range(n):
-                user, item, value = env.rating(k)
-                r = a.client.post("/ratings", json=_rating(user, item, value), headers=AUTH)
-                acked += r.status_code == 200
+                acked += (
+                    a.client.post("/ratings", json=_rating(*env.rating(k)), headers=AUTH).status_code == 200
+                )
             server.proc.kill()
             server.proc.wait()
             server.__enter__()  # the same port and directory: restarts from the append-only file
             stored = int(server.client.xlen("dcmc:ratings"))
             both = _wait(lambda: _applied(a) == acked and _applied(b) == acked)
-            users = sorted({env.rating(k)[0] for k in range(n)})
-            diff = float(
-                np.abs(_answers(a, users, env.items[:20]) - _answers(b, users, env.items[:20])).max()
-            )
+            diff = _apart(a, b, sorted({env.rating(k)[0] for k in range(n)}), env.items[:20])
         finally:
             a.stop()
             b.stop()
@@ -157,10 +139,7 @@ def replica_kill(env: Env, seconds: float) -> dict[str, Any]:
             writer.join()
             stored = int(server.client.xlen("dcmc:ratings"))
             both = _wait(lambda: _applied(a) == len(acked) and _applied(b) == len(acked))
-            users = sorted({env.rating(k)[0] for k in acked})
-            diff = float(
-                np.abs(_answers(a, users, env.items[:20]) - _answers(b, users, env.items[:20])).max()
-            )
+            diff = _apart(a, b, sorted({env.rating(k)[0] for k in acked}), env.items[:20])
         finally:
             stop.set()
             a.stop()
@@ -168,8 +147,7 @@ def replica_kill(env: Env, seconds: float) -> dict[str, Any]:
     return {
         "fault": "a replica killed (-9) under a write load and restarted",
         "sent": f"POST /ratings to replica A for ~{seconds:.0f} s; replica B killed a third of the way, a "
-        "new B "
-        "started",
+        "new B started",
         "came_back": f"{len(acked)} acknowledged, {len(refused)} refused; stream holds {stored}; both "
         f"replicas applied all: {both}; answers differ by at most {diff:.1e}",
         "lost": len(acked) - stored,
@@ -202,9 +180,8 @@ def reload(env: Env, seconds: float) -> dict[str, Any]:
     publish(env.artifacts, link)
     body = {"user": env.users[0], "items": env.items[:100]}
     with Redis() as server:
-        svc = Service(
-            link, server.url, "dcmc", 2, env.work / "serve.log", {**ENV, "DCMC_RELOAD_POLL_S": "0.5"}
-        )
+        settings = {**ENV, "DCMC_RELOAD_POLL_S": "0.5"}
+        svc = Service(link, server.url, "dcmc", 2, env.work / "serve.log", settings)
         try:
             svc.wait_ready()
             results: list[tuple[int, str, tuple[float, ...]]] = []
@@ -242,24 +219,17 @@ def reload(env: Env, seconds: float) -> dict[str, Any]:
     # No rating arrives, so within a model the answer to the same request is fixed (to rounding: a user's
     # first answer and those read from its cached row differ by ~1e-15). A mixture would be an answer off
     # the answers of the model its model_version names.
-    spread = {
-        k: float(np.ptp(np.array(answers[versions[k]]), axis=0).max()) if answers.get(versions[k]) else 0.0
-        for k in versions
-    }
-    apart = (
-        float(np.abs(np.array(answers[versions["a"]][0]) - np.array(answers[versions["b"]][0])).max())
-        if counts["a"] and counts["b"]
-        else 0.0
-    )
+    by = {k: np.array(answers.get(versions[k], [])) for k in versions}
+    spread = {k: float(np.ptp(a, axis=0).max()) if len(a) else 0.0 for k, a in by.items()}
+    apart = float(np.abs(by["a"][0] - by["b"][0]).max()) if counts["a"] and counts["b"] else 0.0
     mixed = max(spread.values()) > 1e-9
     return {
         "fault": "hot reload under 32 concurrent /predict clients (2 workers)",
         "sent": f"{len(results)} POST /predict in {seconds:.0f} s; a new artifact published a third of the"
         " way",
         "came_back": f"{failed} failed; {counts['a']} answers from the old model, {counts['b']} from the "
-        "new; "
-        f"answers under one model_version differ by at most {max(spread.values()):.1e} (old and new answers "
-        f"differ by {apart:.2f}): {'a MIXTURE' if mixed else 'no mixture'}",
+        f"new; answers under one model_version differ by at most {max(spread.values()):.1e} (old and new "
+        f"answers differ by {apart:.2f}): {'a MIXTURE' if mixed else 'no mixture'}",
         "lost": 0,
         "ok": failed == 0 and counts["a"] > 0 and counts["b"] > 0 and not mixed and apart > 1e-6,
     }
@@ -302,7 +272,6 @@ def redis_down(env: Env, down_s: float) -> dict[str, Any]:
             time.sleep(3)
             server.proc.kill()
             server.proc.wait()
-            marks["killed"] = time.monotonic()
             time.sleep(down_s)
             server.__enter__()
             marks["restarted"] = time.monotonic()
@@ -372,15 +341,9 @@ def hostile(env: Env) -> list[dict[str, Any]]:
                     headers = {"content-type": "application/json", **(AUTH if path == "/ratings" else {})}
                     r = client.post(path, content=body, headers=headers)
                     detail = r.text[:120].replace("|", "/").replace("\n", " ")
-                    rows.append(
-                        {
-                            "fault": f"hostile input: {name}",
-                            "sent": f"POST {path}: {sent}",
-                            "came_back": f"{r.status_code} {detail}",
-                            "lost": 0,
-                            "ok": str(r.status_code) == expected,
-                        }
-                    )
+                    came_back, ok = f"{r.status_code} {detail}", str(r.status_code) == expected
+                    row = {"fault": f"hostile input: {name}", "sent": f"POST {path}: {sent}"}
+                    rows.append({**row, "came_back": came_back, "lost": 0, "ok": ok})
         finally:
             svc.stop()
     return rows
@@ -406,15 +369,15 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "# Reliability: faults, reloads and hostile input",
         "",
         f"- command: `{meta['command']}` at `{meta['commit']}`; {meta['machine']}; artifact "
-        f"`{meta['artifacts']}`; "
-        f"written {meta['written']}",
+        f"`{meta['artifacts']}`; written {meta['written']}",
         "- every scenario: its own redis-server (AOF, fsync always) and `dcmc serve` processes; `lost` ="
         " acknowledged ratings not in Redis at the end (target 0); `as expected` = the scenario's own check",
         "- the schemathesis fuzz of the whole OpenAPI surface (no 5xx) runs in the test suite:"
         " `python -m pytest tests/service/test_fuzz.py`",
         "",
-        "| fault or input | sent | came back | acknowledged ratings lost | as expected | reproduce |",
-        "|---|---|---|---|---|---|",
+        *h.table(
+            "| fault or input | sent | came back | acknowledged ratings lost | as expected | reproduce |"
+        ),
     ]
     for r in rows:
         again = f"`{meta['command']}`"
@@ -428,17 +391,14 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = h.parser(__doc__)
     parser.add_argument("--artifacts", required=True, type=Path)
     parser.add_argument("--ratings", type=int, default=500, help="acknowledged ratings before the Redis kill")
     parser.add_argument("--seconds", type=float, default=15, help="load duration of replica-kill and reload")
     parser.add_argument("--down-s", type=float, default=10, help="how long Redis stays down")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "dcmc-reliability")
-    parser.add_argument(
-        "--results", type=Path, default=RESULTS / "reliability", help="path stem of .md/.jsonl"
-    )
+    stem = h.RESULTS / "reliability"
+    parser.add_argument("--results", type=Path, default=stem, help="path stem of .md/.jsonl")
     args = parser.parse_args(argv)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
@@ -453,20 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     ):
         for row in step():
             rows.append(row)
-            print(json.dumps(row), flush=True)
+            h.emit(row)
     meta = {
-        "command": "python benchmarks/reliability.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": commit_label("service", "model"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "command": h.command("reliability.py", argv),
+        "commit": h.commit_label("service", "model"),
+        "machine": h.machine_line(),
         "artifacts": str(args.artifacts),
-        "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "written": h.stamp(),
     }
     text = report(rows, meta)
     print(text)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.with_suffix(".md").write_text(text)
-    with open(args.results.with_suffix(".jsonl"), "a") as f:
-        f.write(json.dumps({"rows": rows, **meta}) + "\n")
+    h.append_jsonl(args.results.with_suffix(".jsonl"), {"rows": rows, **meta})
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -7,22 +7,18 @@ a Markdown table beside the paper's DCMC row.
     python benchmarks/reproduce.py --data-dir ../shared/datasets --jobs 2
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from operator import itemgetter
 from pathlib import Path
-from statistics import mean, stdev
+from statistics import mean
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+import harness as h
+from harness import REPO, mean_std
 
 # The paper's DCMC rows (Tables "MovieLens" and "Flixster, Douban, YahooMusic"): (RMSE, MAE).
 PAPER = {
@@ -42,41 +38,17 @@ EXACT = ("exact/sum", "exact/scaled", "exact/normalized")
 MODES = {"default": ("default", "none", "paper", *EXACT), "paper": ("paper", "none", *EXACT)}
 
 
-def _run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    return proc.stdout.strip().splitlines()[-1]
-
-
 def one_run(
     dataset: str, config: str, seed: int, data_dir: str, runs: Path, epochs: int | None
 ) -> list[dict[str, Any]]:
     """Train one model and evaluate it in every inference mode of its configuration."""
     out = runs / f"{dataset}-{config}-seed{seed}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "training.cli",
-        "train",
-        "--dataset",
-        dataset,
-        "--data-dir",
-        data_dir,
-        "--out",
-        str(out),
-        "--preset",
-        config,
-        "--seed",
-        str(seed),
-        "--threads",
-        "1",
-        "--no-progress",
-    ]
+    cmd = [sys.executable, "-m", "training.cli", "train", "--dataset", dataset, "--data-dir", data_dir]
+    cmd += ["--out", str(out), "--preset", config, "--seed", str(seed), "--threads", "1", "--no-progress"]
     if epochs is not None:
         cmd += ["--epochs", str(epochs)]
     t0 = time.perf_counter()
-    train = json.loads(_run(cmd))
+    train = h.run_json(cmd)
     train_seconds = time.perf_counter() - t0
     return evaluate_run(dataset, config, seed, data_dir, out, MODES[config], train, train_seconds)
 
@@ -128,7 +100,7 @@ def evaluate_run(
     for mode in modes:
         cmd = [sys.executable, "-m", "training.cli", "evaluate", "--artifacts", str(out)]
         cmd += ["--data-dir", data_dir, *evaluate_flags(mode, artifact_mode, seed)]
-        ev = json.loads(_run(cmd))
+        ev = h.run_json(cmd)
         records.append(
             {
                 "dataset": dataset,
@@ -149,17 +121,8 @@ def evaluate_run(
     return records
 
 
-def _fmt(values: list[float], digits: int) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{mean(values):.{digits}f} ± {stdev(values):.{digits}f}"
-
-
 def summarise(
-    records: list[dict[str, Any]],
-    command: str,
-    commit: str,
-    previous: list[dict[str, Any]] | None = None,
+    records: list[dict[str, Any]], command: str, commit: str, previous: list[dict[str, Any]] | None = None
 ) -> str:
     """The Markdown report; `previous`: records of an earlier reproduction to set beside its `default`
     rows (the same datasets, config and inference)."""
@@ -170,7 +133,7 @@ def summarise(
         f"- commit of this report: `{commit}`; runs recorded at: "
         + ", ".join(f"`{c}`" for c in sorted({str(r.get("commit")) for r in records})),
         f"- machine: {platform.machine()}, 2 cores, one torch thread per run",
-        f"- written: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- written: {h.stamp()}",
         "- `default`: `dcmc train` defaults (block epochs, base network trained alone).",
         "- `paper`: the paper's procedure read literally (300 epochs counted as passes over the rows,",
         "  mean-field layers trained, 32 x 64 batches).",
@@ -181,48 +144,47 @@ def summarise(
         "  T, known entries updated from the network's distributions), queries attached.",
         "  Mean ± std over the seeds listed.",
         "",
-        "| dataset | config | inference | seeds | RMSE | MAE | paper DCMC RMSE / MAE | best published RMSE |"
-        " train s / run | eval s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *h.table(
+            "| dataset | config | inference | seeds | RMSE | MAE | paper DCMC RMSE / MAE "
+            "| best published RMSE | train s / run | eval s |"
+        ),
     ]
     keys = sorted(
         {(r["dataset"], r["config"], r["inference"]) for r in records},
         key=lambda k: (list(PAPER).index(k[0]) if k[0] in PAPER else 99, k[1], k[2]),
     )
+    key = itemgetter("dataset", "config", "inference")
     for ds, cfg, mode in keys:
-        rs = [r for r in records if (r["dataset"], r["config"], r["inference"]) == (ds, cfg, mode)]
+        rs = [r for r in records if key(r) == (ds, cfg, mode)]
         digits = 2 if ds == "yahoo_music" else 4
         paper = PAPER.get(ds)
         seeds = ",".join(str(s) for s in sorted(r["seed"] for r in rs))
         lines.append(
             f"| {ds} | {cfg} | {mode} | {seeds} | "
-            f"{_fmt([r['rmse'] for r in rs], digits)} | {_fmt([r['mae'] for r in rs], digits)} | "
+            f"{mean_std([r['rmse'] for r in rs], digits)} | {mean_std([r['mae'] for r in rs], digits)} | "
             f"{f'{paper[0]} / {paper[1]}' if paper else '-'} | {BEST_PUBLISHED.get(ds, '-')} | "
             f"{mean(r['train_seconds'] for r in rs):.0f} | {mean(r['eval_seconds'] for r in rs):.1f} |"
         )
-    defaults = {
-        (r["dataset"], r["config"]): r["settings"]
-        for r in records
-        if r["inference"] == "default" and "settings" in r
-    }
+    defaults = {key(r)[:2]: r["settings"] for r in records if r["inference"] == "default" and "settings" in r}
     if previous:
         lines += [
             "",
             "Beside the previous reproduction's `default` rows (same data, seeds and training preset; its",
             "inference settings were picked by hand per dataset):",
             "",
-            "| dataset | config | inference | RMSE here | RMSE before | seeds before | recorded at |",
-            "|---|---|---|---|---|---|---|",
+            *h.table(
+                "| dataset | config | inference | RMSE here | RMSE before | seeds before | recorded at |"
+            ),
         ]
         for ds, cfg, mode in keys:
-            rs = [r for r in records if (r["dataset"], r["config"], r["inference"]) == (ds, cfg, mode)]
-            old = [r for r in previous if (r["dataset"], r["config"], r["inference"]) == (ds, cfg, mode)]
+            rs = [r for r in records if key(r) == (ds, cfg, mode)]
+            old = [r for r in previous if key(r) == (ds, cfg, mode)]
             if mode != "default" or not old:
                 continue
             digits = 2 if ds == "yahoo_music" else 4
             lines.append(
-                f"| {ds} | {cfg} | {mode} | {_fmt([r['rmse'] for r in rs], digits)} | "
-                f"{_fmt([r['rmse'] for r in old], digits)} | {','.join(str(r['seed']) for r in old)} | "
+                f"| {ds} | {cfg} | {mode} | {mean_std([r['rmse'] for r in rs], digits)} | "
+                f"{mean_std([r['rmse'] for r in old], digits)} | {','.join(str(r['seed']) for r in old)} | "
                 + ", ".join(f"`{c}`" for c in sorted({str(r.get("commit")) for r in old}))
                 + " |"
             )
@@ -233,9 +195,10 @@ def summarise(
             "The automatic selection per run (validation RMSE of the chosen settings and of the base network",
             "on the artifact's validation ratings; the test split is not read by it):",
             "",
-            "| dataset | config | seed | chosen mode | trials | search s | train s | val RMSE chosen "
-            "| val RMSE network |",
-            "|---|---|---|---|---|---|---|---|---|",
+            *h.table(
+                "| dataset | config | seed | chosen mode | trials | search s | train s | val RMSE chosen "
+                "| val RMSE network |"
+            ),
         ]
         for r in sorted(tuned, key=lambda r: (r["dataset"], r["config"], r["seed"])):
             t = r["tuning"]
@@ -255,52 +218,35 @@ def summarise(
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "datasets"))
+    parser = h.parser(__doc__)
+    parser.add_argument("--data-dir", default=str(h.DATA_DIR))
     parser.add_argument("--datasets", nargs="+", default=list(PAPER))
     parser.add_argument("--configs", nargs="+", default=["default", "paper"], choices=list(MODES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--epochs", type=int, help="override every preset's epochs (smoke runs only)")
-    parser.add_argument(
-        "--no-train",
-        action="store_true",
-        help="train nothing: evaluate recorded runs' missing settings, summarise",
-    )
+    no_train = "train nothing: evaluate recorded runs' missing settings, summarise"
+    parser.add_argument("--no-train", action="store_true", help=no_train)
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one torch thread each)")
     parser.add_argument("--runs", default=str(REPO / "runs" / "reproduce"), help="where artifacts go")
-    parser.add_argument("--results", default=str(RESULTS / "reproduce"), help="path stem of .jsonl and .md")
+    parser.add_argument("--results", default=str(h.RESULTS / "reproduce"), help="path stem of .jsonl and .md")
     parser.add_argument("--compare", help="an earlier reproduction's .jsonl to set beside the default rows")
     args = parser.parse_args(argv)
 
     stem = Path(args.results)
     stem.parent.mkdir(parents=True, exist_ok=True)
     jsonl = stem.with_suffix(".jsonl")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    done: list[dict[str, Any]] = []
-    if jsonl.exists():
-        done = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    commit = h.commit()["commit"]
+    done = h.read_jsonl(jsonl)
     finished = {(r["dataset"], r["config"], r["seed"]) for r in done}
-    todo = [
-        (d, c, s)
-        for c in args.configs
-        for s in args.seeds
-        for d in args.datasets
-        if (d, c, s) not in finished
-    ]
-    if args.no_train:
-        todo = []
+    jobs = [(d, c, s) for c in args.configs for s in args.seeds for d in args.datasets]
+    todo = [] if args.no_train else [job for job in jobs if job not in finished]
     print(f"{len(todo)} runs to do, {len(finished)} already recorded in {jsonl}", flush=True)
     runs = Path(args.runs)
 
     def record(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in records:
             r["commit"] = commit
-        with open(jsonl, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
+        h.append_jsonl(jsonl, *records)
         print(
             " ".join(
                 f"{r['dataset']}/{r['config']}/seed{r['seed']}/{r['inference']}: rmse {r['rmse']:.4f}"
@@ -326,11 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for records in pool.map(lambda job: record(one_run(*job, args.data_dir, runs, args.epochs)), todo):
             done += records
-    command = "python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    previous = None
-    if args.compare:
-        previous = [json.loads(line) for line in Path(args.compare).read_text().splitlines() if line.strip()]
-    report = summarise(done, command.strip(), commit, previous)
+    command = h.command("reproduce.py", argv)
+    previous = h.read_jsonl(Path(args.compare)) if args.compare else None
+    report = summarise(done, command, commit, previous)
     stem.with_suffix(".md").write_text(report)
     print(report)
     return 0

@@ -1,28 +1,23 @@
-"""How DCMC's cost grows with the data, on this machine: training, the artifact, serving, accuracy.
-
-Phases (each appends its records to benchmarks/results/scale.jsonl, stamped with the commit; `report`
-writes scale.md and scale-curve.png from every record):
+"""How DCMC's cost grows with the data, on this machine: training, the artifact, serving, accuracy. Each
+phase appends its records to benchmarks/results/scale.jsonl (stamped with the commit); `report` writes
+scale.md and scale-curve.png from every record.
 
     python benchmarks/scale.py train --name epinions-synth --dataset csv --data DIR/ratings.csv \
         --split random [--epochs 10 --halve-every 4] [--runs runs/scale]
         `dcmc train` under /usr/bin/time (peak RSS, wall), its per-epoch seconds and the search's, the
-        artifact's size; then the test split scored ONCE: `dcmc evaluate` (the tuned inference and the
-        network alone) beside Surprise `SVD` (defaults, fitted on the same training and validation
-        ratings). Every look at a test split is this record.
+        artifact's size; then the test split scored ONCE (every look at a test split is this record):
+        `dcmc evaluate` (tuned inference, network alone) beside Surprise `SVD` (defaults, same ratings).
     python benchmarks/scale.py serve --name epinions-synth --artifacts runs/scale/epinions-synth
         `dcmc serve` (2 workers, private redis-server): seconds to /ready, RSS and PSS per worker at rest,
-        `/predict` (100 random items, a random user each time) and `/recommend?k=10` p50/p99 over
-        sequential requests.
+        `/predict` (100 random items, a random user each time) and `/recommend?k=10` p50/p99, sequential.
     python benchmarks/scale.py curve --ratings 100000 300000 1000000 [--shape epinions] [--max-steps 300]
     python benchmarks/scale.py curve --shape ml-10m --csv DIR/ratings.csv   (a CSV already generated)
-        For each size, `dcmc data synth --shape SHAPE --ratings N`, then the default training loop of the
-        csv preset (its blocks sized to the density) in a child process under /usr/bin/time: an epoch's
-        steps, seconds per step, peak RSS. An epoch of more than --max-steps steps is timed over its
-        first --max-steps steps and its epoch time extrapolated (said so in the record and the table).
+        For each size, `dcmc data synth --shape SHAPE --ratings N`, then the csv preset's training loop
+        (blocks sized to the density) in a child process under /usr/bin/time: an epoch's steps, seconds per
+        step, peak RSS; an epoch of more than --max-steps steps is timed over its first --max-steps and
+        extrapolated (said so in the record and the table).
     python benchmarks/scale.py report
 """
-
-from __future__ import annotations
 
 import argparse
 import dataclasses
@@ -37,51 +32,31 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import harness as h
 import numpy as np
+from harness import REPO, RESULTS
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from harness import Redis, Service, commit_label, write_report  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results"
 RECORDS = RESULTS / "scale.jsonl"
 DCMC = [sys.executable, "-m", "training.cli"]
 
 
 def _code() -> str:
     """The commit of the code measured (this file's own results, written as it runs, do not count)."""
-    return commit_label(
-        "model",
-        "service",
-        "training",
-        "benchmarks/scale.py",
-        "benchmarks/harness.py",
-    )
+    return h.commit_label("model", "service", "training", "benchmarks/scale.py", "benchmarks/harness.py")
 
 
 def _append(record: dict[str, Any], code: str | None = None) -> None:
     """Append a record; `code`: the commit read when the measurement started (a long run outlasts commits)."""
-    record = {
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": code or _code(),
-        **record,
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with RECORDS.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(json.dumps(record), flush=True)
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record = {"when": when, "commit": code or _code(), **record}
+    h.append_jsonl(RECORDS, record)
+    h.emit(record)
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float]:
     """Run `cmd` under /usr/bin/time -v: (stdout, wall seconds, peak RSS in MB)."""
-    proc = subprocess.run(
-        ["/usr/bin/time", "-v", *cmd],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+    env = {**os.environ, **(env or {})}
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], cwd=REPO, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     rss = float(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1)) / 1024  # type: ignore[union-attr]
@@ -90,51 +65,28 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, float
     return proc.stdout, seconds, rss
 
 
-def _last_json(out: str) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return found
-
-
-def _size_mb(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
-
-
 def surprise_svd(dataset: str, data: str, split: str) -> dict[str, Any]:
     """Surprise SVD (defaults, seeded) fitted on the training and validation ratings, RMSE on the test."""
-    from surprise import SVD, Dataset, Reader
+    from surprise import SVD
 
     from training.data import Entries, load_dataset
 
     s = load_dataset(dataset, data, split=split, seed=0)
     known = s.train if s.val is None else Entries.concat([s.train, s.val])
-    reader = Reader(rating_scale=(float(s.levels[0]), float(s.levels[-1])))
-    triples = zip(known.rows.tolist(), known.cols.tolist(), known.values.tolist(), strict=True)
-    trainset = Dataset(reader).construct_trainset([(f"u{r}", f"i{c}", v, None) for r, c, v in triples])
+    trainset, testset = h.surprise_data(known, s.test, s.user_ids, s.item_ids, (s.levels[0], s.levels[-1]))
     t0 = time.perf_counter()
     algo = SVD(random_state=0)
     algo.fit(trainset)
     fit = time.perf_counter() - t0
-    test = s.test
-    est = np.array([algo.predict(f"u{r}", f"i{c}").est for r, c in zip(test.rows, test.cols, strict=True)])
-    return {"svd_rmse": float(np.sqrt(np.mean((est - test.values) ** 2))), "svd_fit_seconds": round(fit, 1)}
+    est = np.array([p.est for p in algo.test(testset)])
+    return {"svd_rmse": h.rmse(est, s.test.values), "svd_fit_seconds": round(fit, 1)}
 
 
 def cmd_train(args: argparse.Namespace) -> None:
     code = _code()
     out = Path(args.runs) / args.name
-    argv = [
-        *DCMC,
-        "train",
-        "--dataset",
-        args.dataset,
-        "--data-dir",
-        args.data,
-        "--split",
-        args.split,
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+    argv = [*DCMC, "train", "--dataset", args.dataset, "--data-dir", args.data, "--split", args.split]
+    argv += ["--out", str(out), "--no-progress"]
     if args.epochs:
         argv += ["--epochs", str(args.epochs)]
     if args.halve_every:
@@ -142,9 +94,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.tune_timeout:
         argv += ["--tune-timeout", str(args.tune_timeout)]
     stdout, wall, rss = timed(argv)
-    metrics = _last_json(stdout)
+    metrics = h.last_json(stdout)
     history = metrics.get("history") or json.loads((out / "metrics.json").read_text()).get("history", [])
-    epoch_seconds = [round(float(e["seconds"]), 1) for e in history]
     config = json.loads((out / "config.json").read_text())
     record: dict[str, Any] = {
         "phase": "train",
@@ -156,21 +107,16 @@ def cmd_train(args: argparse.Namespace) -> None:
         "items": config["model"]["n_items"],
         "blocks": [config["train"]["block_rows"], config["train"]["block_cols"]],
         "epochs": metrics["epochs"],
-        "epoch_seconds": epoch_seconds,
+        "epoch_seconds": [round(float(e["seconds"]), 1) for e in history],
         "train_seconds": metrics["train_seconds"],
         "val_rmse": metrics["val_rmse"],
         "tuning": metrics.get("tuning"),
         "wall_seconds": round(wall, 1),
         "peak_rss_mb": round(rss, 1),
-        "artifact_mb": round(_size_mb(out), 1),
+        "artifact_mb": round(sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20, 1),
     }
     evaluate = [*DCMC, "evaluate", "--artifacts", str(out), "--data-dir", args.data]
-    tuned = _last_json(subprocess.run(evaluate, cwd=REPO, capture_output=True, text=True, check=True).stdout)
-    network = _last_json(
-        subprocess.run(
-            [*evaluate, "--set", "inference.mode=none"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout
-    )
+    tuned, network = h.run_json(evaluate), h.run_json([*evaluate, "--set", "inference.mode=none"])
     record.update(
         test_rmse=tuned["rmse"],
         test_rmse_network=network["rmse"],
@@ -193,50 +139,50 @@ def _worker_memory(pid: int) -> list[dict[str, float]]:
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:
-    ms = np.array(seconds) * 1000
-    return {
-        "p50_ms": round(float(np.percentile(ms, 50)), 2),
-        "p99_ms": round(float(np.percentile(ms, 99)), 2),
-        "n": len(ms),
-    }
+    s = h.summarize(np.array(seconds) * 1000)
+    return {"p50_ms": round(s["p50_ms"], 2), "p99_ms": round(s["p99_ms"], 2), "n": s["n"]}
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-
     from model.artifact import load_artifact
 
     art = load_artifact(args.artifacts)
     users, items = art.users.ids, art.items.ids
     rng = np.random.default_rng(0)
     log = Path(tempfile.mkdtemp(prefix="dcmc-scale-")) / "serve.log"
-    with Redis() as redis:
+    timings: dict[str, list[float]] = {"predict100": [], "recommend": []}
+
+    def user() -> str:
+        return users[rng.integers(len(users))]
+
+    def predict() -> Any:
+        body = {"user": user(), "items": [items[j] for j in rng.choice(len(items), 100, replace=False)]}
+        return lambda: svc.client.post("/predict", json=body)
+
+    def recommend() -> Any:
+        path = f"/recommend/{user()}"
+        return lambda: svc.client.get(path, params={"k": 10})
+
+    def time_requests(name: str, route: str, n: int, request: Any) -> None:
+        for k in range(n + 20):  # the first 20 of each warm the workers, not counted
+            send = request()  # drawn before the clock starts
+            t = time.perf_counter()
+            r = send()
+            if r.status_code != 200:
+                raise RuntimeError(f"{route} answered {r.status_code}: {r.text[:300]}")
+            if k >= 20:
+                timings[name].append(time.perf_counter() - t)
+
+    with h.Redis() as redis:
         t0 = time.perf_counter()
-        svc = Service(
-            Path(args.artifacts), redis.url, "scale", args.workers, log, env={"OMP_NUM_THREADS": "1"}
-        )
+        env = {"OMP_NUM_THREADS": "1"}
+        svc = h.Service(Path(args.artifacts), redis.url, "scale", args.workers, log, env=env)
         try:
             svc.wait_ready(timeout=1800)
             startup = time.perf_counter() - t0
             memory = _worker_memory(svc.proc.pid)
-            timings: dict[str, list[float]] = {"predict100": [], "recommend": []}
-            for k in range(args.requests + 20):  # the first 20 of each warm the workers, not counted
-                body = {
-                    "user": users[rng.integers(len(users))],
-                    "items": [items[j] for j in rng.choice(len(items), 100, replace=False)],
-                }
-                t = time.perf_counter()
-                r = svc.client.post("/predict", json=body)
-                if r.status_code != 200:
-                    raise RuntimeError(f"/predict answered {r.status_code}: {r.text[:300]}")
-                if k >= 20:
-                    timings["predict100"].append(time.perf_counter() - t)
-            for k in range(args.requests // 3 + 20):
-                t = time.perf_counter()
-                r = svc.client.get(f"/recommend/{users[rng.integers(len(users))]}", params={"k": 10})
-                if r.status_code != 200:
-                    raise RuntimeError(f"/recommend answered {r.status_code}: {r.text[:300]}")
-                if k >= 20:
-                    timings["recommend"].append(time.perf_counter() - t)
+            time_requests("predict100", "/predict", args.requests, predict)
+            time_requests("recommend", "/recommend", args.requests // 3, recommend)
             after = _worker_memory(svc.proc.pid)
         finally:
             svc.stop()
@@ -290,82 +236,51 @@ def cmd_steps(args: argparse.Namespace) -> None:
     for block in run:
         train_step(model, model, matrix, block, levels, 0, cfg, optimizers, ema)  # the trainer's own step
     seconds = time.perf_counter() - t0
-    print(
-        json.dumps(
-            {
-                "users": data.n_users,
-                "items": data.n_items,
-                "ratings_train": len(data.train),
-                "blocks": [rows, cols],
-                "steps_per_epoch": len(blocks),
-                "steps_timed": len(run),
-                "seconds_per_step": seconds / len(run),
-                "load_seconds": round(load, 1),
-                "epoch_seconds": seconds / len(run) * len(blocks),
-                "extrapolated": len(run) < len(blocks),
-            }
-        )
+    h.emit(
+        {
+            "users": data.n_users,
+            "items": data.n_items,
+            "ratings_train": len(data.train),
+            "blocks": [rows, cols],
+            "steps_per_epoch": len(blocks),
+            "steps_timed": len(run),
+            "seconds_per_step": seconds / len(run),
+            "load_seconds": round(load, 1),
+            "epoch_seconds": seconds / len(run) * len(blocks),
+            "extrapolated": len(run) < len(blocks),
+        }
     )
 
 
 def cmd_curve(args: argparse.Namespace) -> None:
-    if args.csv:  # a CSV already written by `dcmc data synth --shape SHAPE` (its full size)
-        child = [sys.executable, __file__, "_steps", "--data", args.csv, "--max-steps", str(args.max_steps)]
-        stdout, wall, rss = timed(child, env={"OMP_NUM_THREADS": str(args.threads)})
-        found = _last_json(stdout)
-        _append(
-            {
-                "phase": "curve",
-                "shape": args.shape,
-                "ratings": found["ratings_train"],
-                "csv": args.csv,
-                **found,
-                "peak_rss_mb": round(rss, 1),
-                "wall_seconds": round(wall, 1),
-            }
-        )
-        return
-    for n in args.ratings:
-        data = Path(tempfile.mkdtemp(prefix="dcmc-curve-"))
-        subprocess.run(
-            [*DCMC, "data", "synth", "--shape", args.shape, "--out", str(data), "--ratings", str(n)],
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-        )
-        child = [
-            sys.executable,
-            __file__,
-            "_steps",
-            "--data",
-            str(data / "ratings.csv"),
-            "--max-steps",
-            str(args.max_steps),
-        ]
-        stdout, wall, rss = timed(child, env={"OMP_NUM_THREADS": str(args.threads)})
-        _append(
-            {
-                "phase": "curve",
-                "shape": args.shape,
-                "ratings": n,
-                **_last_json(stdout),
-                "peak_rss_mb": round(rss, 1),
-                "wall_seconds": round(wall, 1),
-            }
-        )
-        for f in data.iterdir():
-            f.unlink()
-        data.rmdir()
+    # --csv: a CSV already written by `dcmc data synth --shape SHAPE` (its full size); else one per size
+    for n in [None] if args.csv else args.ratings:
+        with tempfile.TemporaryDirectory(prefix="dcmc-curve-") as data:
+            if n is not None:
+                synth = [*DCMC, "data", "synth", "--shape", args.shape, "--out", data, "--ratings", str(n)]
+                subprocess.run(synth, cwd=REPO, check=True, capture_output=True)
+            csv = args.csv or str(Path(data) / "ratings.csv")
+            child = [sys.executable, __file__, "_steps", "--data", csv, "--max-steps", str(args.max_steps)]
+            stdout, wall, rss = timed(child, env={"OMP_NUM_THREADS": str(args.threads)})
+        found = h.last_json(stdout)
+        size = {"ratings": n} if n is not None else {"ratings": found["ratings_train"], "csv": args.csv}
+        record = {"phase": "curve", "shape": args.shape, **size, **found}
+        _append({**record, "peak_rss_mb": round(rss, 1), "wall_seconds": round(wall, 1)})
 
 
-def _records() -> list[dict[str, Any]]:
-    if not RECORDS.is_file():
-        return []
-    return [json.loads(line) for line in RECORDS.read_text().splitlines() if line.strip()]
+def _serve_cells(s: dict[str, Any]) -> list[str]:
+    """start-up, the largest worker's RSS / PSS at rest, /predict and /recommend p50 / p99."""
+    # the workers: the supervisor's children that hold a model (not its small helper process)
+    rest = max(s["workers_at_rest"], key=lambda w: w["rss_mb"])
+    return [
+        f"{s['startup_seconds']} s",
+        f"{rest['rss_mb']:.0f} / {rest['pss_mb']:.0f} MB at rest",
+        *(f"{s[k]['p50_ms']} / {s[k]['p99_ms']} ms" for k in ("predict100", "recommend")),
+    ]
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    records = _records()
+    records = h.read_jsonl(RECORDS)
     lines = [
         "# Scale",
         "",
@@ -379,25 +294,19 @@ def cmd_report(args: argparse.Namespace) -> None:
         lines += [
             "## Datasets",
             "",
-            "| | ratings (train / val) | users x items | blocks | s / epoch (median) | train s (epochs) "
-            "| peak RSS train | artifact | start-up | RSS / PSS, largest worker | /predict 100 p50 / p99 "
-            "| /recommend p50 / p99 | test RMSE (network) | Surprise SVD | commit (train, serve) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            *h.table(
+                "| | ratings (train / val) | users x items | blocks | s / epoch (median) | train s (epochs) "
+                "| peak RSS train | artifact | start-up | RSS / PSS, largest worker | /predict 100 p50 / p99 "
+                "| /recommend p50 / p99 | test RMSE (network) | Surprise SVD | commit (train, serve) |"
+            ),
         ]
         for name, t in trains.items():
             s = serves.get(name)
             serve = ["-"] * 4
             if s:
-                # the workers: the supervisor's children that hold a model (not its small helper process)
-                rest = max((w for w in s["workers_at_rest"]), key=lambda w: w["rss_mb"])
-                after = max((w for w in s["workers_after"]), key=lambda w: w["rss_mb"])
-                serve = [
-                    f"{s['startup_seconds']} s",
-                    f"{rest['rss_mb']:.0f} / {rest['pss_mb']:.0f} MB at rest, "
-                    f"{after['rss_mb']:.0f} / {after['pss_mb']:.0f} MB after the requests",
-                    f"{s['predict100']['p50_ms']} / {s['predict100']['p99_ms']} ms",
-                    f"{s['recommend']['p50_ms']} / {s['recommend']['p99_ms']} ms",
-                ]
+                after = max(s["workers_after"], key=lambda w: w["rss_mb"])
+                serve = _serve_cells(s)
+                serve[1] += f", {after['rss_mb']:.0f} / {after['pss_mb']:.0f} MB after the requests"
             lines.append(
                 f"| {name} | {t['ratings_train']:,} / {t['ratings_val']:,} | {t['users']:,} x {t['items']:,} "
                 f"| {t['blocks'][0]} x {t['blocks'][1]} | {np.median(t['epoch_seconds']):.1f} "
@@ -417,17 +326,14 @@ def cmd_report(args: argparse.Namespace) -> None:
             "",
             "`scale.py serve` of artifacts without a `train` record here (the notes say how each was made).",
             "",
-            "| name | workers | start-up | RSS / PSS, largest worker | /predict 100 p50 / p99 "
-            "| /recommend p50 / p99 | commit |",
-            "|---|---|---|---|---|---|---|",
+            *h.table(
+                "| name | workers | start-up | RSS / PSS, largest worker | /predict 100 p50 / p99 "
+                "| /recommend p50 / p99 | commit |"
+            ),
         ]
         for s in alone:
-            rest = max((w for w in s["workers_at_rest"]), key=lambda w: w["rss_mb"])
             lines.append(
-                f"| {s['name']} | {s['workers']} | {s['startup_seconds']} s "
-                f"| {rest['rss_mb']:.0f} / {rest['pss_mb']:.0f} MB at rest "
-                f"| {s['predict100']['p50_ms']} / {s['predict100']['p99_ms']} ms "
-                f"| {s['recommend']['p50_ms']} / {s['recommend']['p99_ms']} ms | `{s['commit']}` |"
+                f"| {s['name']} | {s['workers']} | " + " | ".join(_serve_cells(s)) + f" | `{s['commit']}` |"
             )
     curve = [r for r in records if r["phase"] == "curve"]
     if curve:
@@ -435,8 +341,10 @@ def cmd_report(args: argparse.Namespace) -> None:
             "",
             "## Cost curve",
             "",
-            "| shape | ratings (train) | blocks | steps / epoch | s / step | s / epoch | peak RSS | commit |",
-            "|---|---|---|---|---|---|---|---|",
+            *h.table(
+                "| shape | ratings (train) | blocks | steps / epoch | s / step | s / epoch | peak RSS "
+                "| commit |"
+            ),
         ]
         for r in curve:
             note = f" (extrapolated from {r['steps_timed']} steps)" if r["extrapolated"] else ""
@@ -447,18 +355,14 @@ def cmd_report(args: argparse.Namespace) -> None:
             )
         _plot(curve)
         lines += ["", "![cost curve](scale-curve.png)"]
-    write_report(RESULTS / "scale.md", lines)
+    h.write_report(RESULTS / "scale.md", lines)
     print((RESULTS / "scale.md").read_text())
 
 
 def _plot(curve: list[dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from training.config import LARGE_RATINGS
 
+    plt = h.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax2 = ax.twinx()
     # The ml-10m shape's sizes (100 k to 10 M ratings of one generator), the latest record of each; earlier
@@ -483,36 +387,37 @@ def _plot(curve: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = h.parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
-    t.add_argument("--name", required=True)
-    t.add_argument("--dataset", required=True)
-    t.add_argument("--data", required=True)
+    t.set_defaults(func=cmd_train)
+    for name in ("--name", "--dataset", "--data"):
+        t.add_argument(name, required=True)
     t.add_argument("--split", default="random")
     t.add_argument("--epochs", type=int)
     t.add_argument("--halve-every", type=int)
     t.add_argument("--tune-timeout", type=float, help="stop the inference search after this many seconds")
     t.add_argument("--runs", default=str(REPO / "runs" / "scale"))
     s = sub.add_parser("serve")
+    s.set_defaults(func=cmd_serve)
     s.add_argument("--name", required=True)
     s.add_argument("--artifacts", required=True)
     s.add_argument("--workers", type=int, default=2)
     s.add_argument("--requests", type=int, default=300)
     c = sub.add_parser("curve")
+    c.set_defaults(func=cmd_curve)
     c.add_argument("--ratings", type=int, nargs="+", default=[])
     c.add_argument("--csv", help="time this synthetic CSV (of --shape) instead of generating sizes")
     c.add_argument("--shape", default="epinions")
-    c.add_argument("--max-steps", type=int, default=300)
     c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--max-steps", type=int, default=300)
     st = sub.add_parser("_steps")
+    st.set_defaults(func=cmd_steps)
     st.add_argument("--data", required=True)
     st.add_argument("--max-steps", type=int, default=300)
-    sub.add_parser("report")
+    sub.add_parser("report").set_defaults(func=cmd_report)
     args = p.parse_args(argv)
-    {"train": cmd_train, "serve": cmd_serve, "curve": cmd_curve, "_steps": cmd_steps, "report": cmd_report}[
-        args.cmd
-    ](args)
+    args.func(args)
     return 0
 
 

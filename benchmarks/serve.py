@@ -1,81 +1,43 @@
 """The serving suite: `floor`, how far `dcmc serve` is from the HTTP floor on every route, and `soak`, a
-mixed load's errors, latencies and memory over a long run.
+mixed load's errors, latencies and memory over a long run. Needs `redis-server` (and `wrk` for floor).
 
     python benchmarks/serve.py floor --artifacts DIR [--duration 8] [--workers 2]
     python benchmarks/serve.py soak --artifacts DIR [--requests 60000] [--concurrency 32]
 
-## floor
-
-Starts, on this machine and in this order:
-
-1. the floor: `uvicorn bare_app:app --workers 2` (benchmarks/bare_app.py, one async /health route), under
-   the same uvicorn as the service, measured first and again last; the floor is the better of the two
-   per figure (lower latency, higher req/s), so a slow moment of the machine cannot flatter the ratios;
-2. `dcmc serve --workers 2` on the artifact with a private redis-server (free port, temporary directory,
-   append-only file fsynced on every write: benchmarks/harness.py);
-3. the same service with its per-user row cache off (`DCMC_USER_CACHE_MB=0`): what a request costs for a
-   user whose row is not cached.
-
-wrk on loopback measures p50/p99 at concurrency 1 and requests/s at concurrency 32 for: /health (bare and
-the service's), POST /predict with 10 and with 100 items (500 bodies, random users and items, cycled), GET
-/recommend/{user}?k=10 (random users) and, last (each write empties the row caches), POST /ratings with
-one random rating. Before the measured runs every body is sent a few times (so that most users' rows are
-cached in both workers: a row is computed once a user's misses in a state add up to the catalogue); the
-share of requests answered from a cached row is read from /metrics and printed beside each run.
-
-Prints the ratios to the floor and the issue's targets; appends the record to
+floor starts, in this order: the floor, `uvicorn bare_app:app --workers 2` (benchmarks/bare_app.py: one
+async /health route, the service's uvicorn), measured first and again last (the floor is the better of the
+two per figure, so a slow moment of the machine cannot flatter the ratios); `dcmc serve --workers 2` with a
+private redis-server; the same service with its per-user row cache off (`DCMC_USER_CACHE_MB=0`). wrk on
+loopback measures p50/p99 at concurrency 1 and req/s at 32 for /health, POST /predict with 10 and with 100
+items (500 bodies of random users and items, cycled, each sent a few times first so that most users' rows
+are cached in both workers), GET /recommend/{user}?k=10 and, last (a write empties the row caches), POST
+/ratings with one random rating; the share of requests answered from a cached row (from /metrics) is
+printed beside each run. Prints the ratios to the floor and the issue's targets, appends the record to
 benchmarks/results/serve_floor.jsonl and writes it as the first section of benchmarks/results/serve.md.
-Numbers of one run compare only with numbers of the same run. Needs `wrk` and `redis-server`.
+Numbers of one run compare only with numbers of the same run.
 
-## soak
-
-The mix, drawn per request (seeded): 60% POST /predict (100 random items of a random user), 20% GET
-/recommend/{user}?k=10, 10% GET /similar-users/{user}?k=10, 10% POST /ratings (one random rating by a
-random user; each one starts a new model state in both workers). The client is asyncio + httpx in this
-process, timing each request from send to the end of its body. RSS of each worker (children of the uvicorn
-process) is read from /proc at rest (REST_S after the load stops) before the run (after a warm-up of 2,000
-requests) and after each quarter of it; the run fails when a worker grew by more than --rss-bound-mb.
-Writes benchmarks/results/soak.md and appends to soak.jsonl. Needs redis-server.
+soak draws each request (seeded): 60% POST /predict (100 random items of a random user), 20% GET
+/recommend/{user}?k=10, 10% GET /similar-users/{user}?k=10, 10% POST /ratings (one random rating; each
+starts a new model state in both workers), sent by an asyncio + httpx client in this process (timed from
+send to the end of the body). Each worker's RSS is read from /proc at rest (REST_S after the load stops)
+after a warm-up of 2,000 requests and after each quarter of the run; the run fails when a worker grew by
+more than --rss-bound-mb. Writes benchmarks/results/soak.md and appends to soak.jsonl.
 """
-
-from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import harness as h
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (
-    PREDICT_LUA,
-    RATINGS_LUA,
-    RECOMMEND_LUA,
-    TOKEN,
-    Redis,
-    Service,
-    bodies,
-    commit_label,
-    free_port,
-    lua_list,
-    run_wrk,
-    wait_up,
-)
-
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
-
+from harness import Redis, Service
 
 # -- floor ---------------------------------------------------------------------------------------------------
 
@@ -89,68 +51,42 @@ TARGETS = {
 conc. 32 at least half the bare /health's with p99 under 10x its p50, the service's /health within 1.3x."""
 
 
-class Bare:
-    """The floor app under uvicorn, as a child process."""
-
-    def __init__(self, workers: int) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "uvicorn", "bare_app:app", "--app-dir", str(Path(__file__).parent)]
-        argv += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers)]
-        argv += ["--no-access-log", "--log-level", "warning"]
-        self.proc = subprocess.Popen(argv)
-
-    def wait_ready(self, timeout: float = 60) -> Bare:
-        import httpx
-
-        wait_up(self.proc, lambda: httpx.get(self.url + "/health"), "the bare app", timeout)
-        return self
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(20)
-
-
 def wrk(url: str, path: str, connections: int, duration: int, script: Path | None) -> dict[str, Any]:
     """One wrk run; exits on any failed request (a fast error is no result)."""
-    result, out = run_wrk(url, path, connections, duration, script)
-    if result["non_2xx"] or result["socket_errors"]:
-        print(out, file=sys.stderr)
-        sys.exit(f"wrk saw failed requests on {path}")
-    return result
+    return h.wrk(url, path, connections, duration, script, strict=True)
 
 
 def measure_bare(workers: int, duration: int) -> dict[str, Any]:
-    """The bare app's /health at concurrency 1 and 32."""
-    bare = Bare(workers).wait_ready()
+    """The floor app (bare_app.py) under uvicorn, a child process: its /health at concurrency 1 and 32."""
+    import httpx
+
+    port = h.free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "uvicorn", "bare_app:app", "--app-dir", str(Path(__file__).parent)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    proc = subprocess.Popen([*argv, "--no-access-log", "--log-level", "warning"])
     try:
-        wrk(bare.url, "/health", 2, 2, None)
-        out = {f"health@{c}": wrk(bare.url, "/health", c, duration, None) for c in (1, 32)}
+        h.wait_up(proc, lambda: httpx.get(url + "/health"), "the bare app", 60)
+        wrk(url, "/health", 2, 2, None)
+        out = {f"health@{c}": wrk(url, "/health", c, duration, None) for c in (1, 32)}
     finally:
-        bare.stop()
-    print(json.dumps({"bare": out}), flush=True)
+        h.stop(proc, 20)
+    h.emit({"bare": out})
     return out
 
 
 def floor(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     """The floor of the run: the better of the bare app's two measurements (before and after the service),
     per figure (lower p50 and p99, higher req/s), so that a slow moment of the machine does not lower it."""
-    out = {}
-    for key in first:
-        a, b = first[key], last[key]
-        out[key] = {"rps": max(a["rps"], b["rps"]), "p50_ms": min(a["p50_ms"], b["p50_ms"])}
-        out[key]["p99_ms"] = min(a["p99_ms"], b["p99_ms"])
-    return out
+    better = {"rps": max, "p50_ms": min, "p99_ms": min}
+    return {key: {f: pick(first[key][f], last[key][f]) for f, pick in better.items()} for key in first}
 
 
 def rows_hits(svc: Service) -> float:
     return svc.metric('dcmc_user_rows_total{event="hit"}')
 
 
-def measure_service(
-    svc: Service, scripts: dict[str, Path], duration: int, writes: bool, users: list[str]
-) -> dict[str, Any]:
+def measure_service(svc: Service, scripts: dict[str, Path], duration: int, writes: bool) -> dict[str, Any]:
     """wrk over the service's routes (module docstring), /metrics' row-cache hits around each run."""
     for name in ("predict10", "predict100", "recommend"):  # every user's row, in both workers
         path = "/recommend" if name == "recommend" else "/predict"
@@ -170,7 +106,7 @@ def measure_service(
             r = wrk(svc.url, path, conns, duration, script)
             r["row_hits"] = (rows_hits(svc) - before) / max(r["requests"], 1)
             out[f"{name}@{conns}"] = r
-            print(json.dumps({"run": f"{name}@{conns}", **r}), flush=True)
+            h.emit({"run": f"{name}@{conns}", **r})
     return out
 
 
@@ -186,9 +122,10 @@ def report(record: dict[str, Any]) -> str:
         "- `cached rows`: share of the run's requests answered from the user's cached row (the warm-up sent "
         "every body first); `no row cache`: the same service with `DCMC_USER_CACHE_MB=0`",
         "",
-        "| server | route | p50 ms, conc. 1 | p99 ms, conc. 1 | req/s, conc. 32 | p50 / p99 ms, conc. 32 "
-        "| p50 vs floor | req/s vs floor | cached rows (1 / 32) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *h.table(
+            "| server | route | p50 ms, conc. 1 | p99 ms, conc. 1 | req/s, conc. 32 | p50 / p99 ms, conc. 32 "
+            "| p50 vs floor | req/s vs floor | cached rows (1 / 32) |"
+        ),
     ]
 
     def row(server: str, name: str, runs: dict[str, Any]) -> None:
@@ -200,15 +137,13 @@ def report(record: dict[str, Any]) -> str:
             f"{b['rps'] / floor32['rps']:.2f} | {hits} |"
         )
 
-    row("bare FastAPI, first", "health", record["bare_first"])
-    row("bare FastAPI, last", "health", record["bare_last"])
+    for server, key in (("bare FastAPI, first", "bare_first"), ("bare FastAPI, last", "bare_last")):
+        row(server, "health", record[key])
     row("floor (the better of the two)", "health", record["bare"])
-    for name in ROUTES:
-        if f"{name}@1" in record["dcmc"]:
-            row("dcmc serve", name, record["dcmc"])
-    for name in ROUTES:
-        if f"{name}@1" in record["cold"]:
-            row("dcmc serve, no row cache", name, record["cold"])
+    for server, key in (("dcmc serve", "dcmc"), ("dcmc serve, no row cache", "cold")):
+        for name in ROUTES:
+            if f"{name}@1" in record[key]:
+                row(server, name, record[key])
     lines += ["", "Targets (issue 22), this run:", ""]
     for key, (value, target, met) in record["targets"].items():
         lines.append(
@@ -242,40 +177,26 @@ def floor_run(args: argparse.Namespace, argv: list[str]) -> int:
             sys.exit(f"{tool} not found (Debian: apt-get install wrk redis-server)")
     args.work.mkdir(parents=True, exist_ok=True)
     art = args.artifacts
-    users = json.loads((art / "user_ids.json").read_text())
-    items = json.loads((art / "item_ids.json").read_text())
-    levels = [int(x) if float(x).is_integer() else float(x) for x in np.load(art / "levels.npy")]
     inference = json.loads((art / "config.json").read_text())["inference"]["mode"]
     record: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        scripts = {
-            "predict10": Path(tmp) / "predict10.lua",
-            "predict100": Path(tmp) / "predict100.lua",
-            "recommend": Path(tmp) / "recommend.lua",
-            "ratings": Path(tmp) / "ratings.lua",
-        }
-        scripts["predict10"].write_text(PREDICT_LUA % lua_list(bodies(art, 10)))
-        scripts["predict100"].write_text(PREDICT_LUA % lua_list(bodies(art, 100)))
-        scripts["recommend"].write_text(RECOMMEND_LUA % lua_list(users))
-        scripts["ratings"].write_text(
-            RATINGS_LUA % (lua_list(users), lua_list(items), ",".join(map(str, levels)), TOKEN)
-        )
+        scripts = h.lua_scripts(Path(tmp), art, (10, 100))
         record["bare_first"] = measure_bare(args.workers, args.duration)
         for key, env, writes in (("dcmc", {}, True), ("cold", {"DCMC_USER_CACHE_MB": "0"}, False)):
             with Redis() as redis_server:
                 svc = Service(art, redis_server.url, "floor", args.workers, args.work / "serve.log", env)
                 try:
                     svc.wait_ready()
-                    record[key] = measure_service(svc, scripts, args.duration, writes, users)
+                    record[key] = measure_service(svc, scripts, args.duration, writes)
                 finally:
                     svc.stop()
         record["bare_last"] = measure_bare(args.workers, args.duration)
     record["bare"] = floor(record["bare_first"], record["bare_last"])
     record.update(
-        written=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        command="python benchmarks/serve.py " + " ".join(argv),
-        commit=commit_label("service", "model"),
-        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+        written=h.stamp(),
+        command=h.command("serve.py", argv),
+        commit=h.commit_label("service", "model"),
+        machine=h.machine_line(),
         artifacts=str(art),
         inference=inference,
         workers=args.workers,
@@ -285,9 +206,7 @@ def floor_run(args: argparse.Namespace, argv: list[str]) -> int:
     text = report(record)
     print("\n" + text)
     if not args.no_report:
-        args.results.mkdir(parents=True, exist_ok=True)
-        with open(args.results / "serve_floor.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        h.append_jsonl(args.results / "serve_floor.jsonl", record)
         md = args.results / "serve.md"
         old = (
             md.read_text() if md.exists() else "# Serving benchmark: `dcmc serve` on the default artifacts\n"
@@ -310,19 +229,10 @@ MIX = (("predict", 0.6), ("recommend", 0.2), ("similar-users", 0.1), ("ratings",
 def worker_rss_mb(pid: int) -> dict[int, float]:
     """RSS (MB) of each uvicorn worker: the children of `pid` started by multiprocessing's spawn (not its
     resource tracker)."""
-    found = subprocess.run(
-        ["pgrep", "-P", str(pid), "-f", "multiprocessing.spawn"], capture_output=True, text=True
-    )
-    out = found.stdout.split()
-    rss = {}
-    for child in map(int, out):
-        try:
-            status = Path(f"/proc/{child}/status").read_text()
-        except OSError:
-            continue
-        kb = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-        rss[child] = kb / 1024
-    return rss
+    pgrep = ["pgrep", "-P", str(pid), "-f", "multiprocessing.spawn"]
+    found = subprocess.run(pgrep, capture_output=True, text=True)
+    status = {child: h.status_mb(child, "VmRSS") for child in map(int, found.stdout.split())}
+    return {child: m.get("VmRSS", 0.0) for child, m in status.items() if m is not None}
 
 
 def plan(n: int, users: list[str], items: list[str], levels: list[float], seed: int) -> list[tuple[str, Any]]:
@@ -333,9 +243,8 @@ def plan(n: int, users: list[str], items: list[str], levels: list[float], seed: 
     for route in routes:
         user = users[rng.integers(len(users))]
         if route == "predict":
-            out.append(
-                (route, {"user": user, "items": [items[j] for j in rng.choice(len(items), 100, False)]})
-            )
+            chosen = [items[j] for j in rng.choice(len(items), 100, False)]
+            out.append((route, {"user": user, "items": chosen}))
         elif route == "ratings":
             item, level = items[rng.integers(len(items))], levels[rng.integers(len(levels))]
             out.append((route, {"ratings": [{"user": user, "item": item, "rating": level}]}))
@@ -350,7 +259,6 @@ async def drive(url: str, requests: list[tuple[str, Any]], concurrency: int) -> 
 
     results: list[tuple[str, int, float]] = []
     queue = iter(requests)
-    auth = {"Authorization": f"Bearer {TOKEN}"}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
 
@@ -358,14 +266,11 @@ async def drive(url: str, requests: list[tuple[str, Any]], concurrency: int) -> 
             for route, arg in queue:
                 t0 = time.perf_counter()
                 try:
-                    if route == "predict":
-                        r = await client.post("/predict", json=arg)
-                    elif route == "ratings":
-                        r = await client.post("/ratings", json=arg, headers=auth)
-                    elif route == "recommend":
-                        r = await client.get(f"/recommend/{arg}", params={"k": 10})
+                    auth = h.AUTH if route == "ratings" else None
+                    if route in ("predict", "ratings"):  # a body; the others: GET /<route>/{user}?k=10
+                        r = await client.post(f"/{route}", json=arg, headers=auth)
                     else:
-                        r = await client.get(f"/similar-users/{arg}", params={"k": 10})
+                        r = await client.get(f"/{route}/{arg}", params={"k": 10})
                     status = r.status_code
                 except httpx.HTTPError as exc:
                     status = 0
@@ -379,9 +284,7 @@ async def drive(url: str, requests: list[tuple[str, Any]], concurrency: int) -> 
 def soak_run(args: argparse.Namespace, argv: list[str]) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     art = args.artifacts
-    users = json.loads((art / "user_ids.json").read_text())
-    items = json.loads((art / "item_ids.json").read_text())
-    levels = [float(x) for x in np.load(art / "levels.npy")]
+    users, items, levels = h.artifact_ids(art)
     with Redis() as server:
         svc = Service(art, server.url, "soak", 2, args.work / "serve.log")
         try:
@@ -407,93 +310,87 @@ def soak_run(args: argparse.Namespace, argv: list[str]) -> int:
     routes: dict[str, Any] = {}
     for route, _ in MIX:
         rs = [(s, t) for r, s, t in results if r == route]
-        times = np.array([t for _, t in rs]) * 1e3
+        times = h.summarize(t * 1e3 for _, t in rs)
         routes[route] = {
             "requests": len(rs),
             "errors": sum(s != 200 for s, _ in rs),
             "statuses": {str(k): sum(s == k for s, _ in rs) for k in sorted({s for s, _ in rs})},
-            "p50_ms": float(np.percentile(times, 50)) if len(times) else None,
-            "p99_ms": float(np.percentile(times, 99)) if len(times) else None,
+            "p50_ms": times.get("p50_ms"),
+            "p99_ms": times.get("p99_ms"),
         }
-    growth = {pid: after[pid] - before[pid] for pid in before if pid in after}
-    acknowledged = sum(s == 200 for r, s, _ in results if r == "ratings")
     record = {
-        "command": "python benchmarks/serve.py " + " ".join(argv),
-        "commit": commit_label("service", "model"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "written": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": h.command("serve.py", argv),
+        "commit": h.commit_label("service", "model"),
+        "machine": h.machine_line(),
+        "written": h.stamp(),
         "artifacts": str(art),
         "requests": len(results),
         "seconds": round(seconds, 1),
         "routes": routes,
         "rss_before_mb": before,
         "rss_after_mb": after,
-        "rss_growth_mb": growth,
+        "rss_growth_mb": {pid: after[pid] - before[pid] for pid in before if pid in after},
         "rss_quarters_mb": samples,
         "no_answer": CLIENT_ERRORS,
-        "ratings_acknowledged": acknowledged,
+        "ratings_acknowledged": sum(s == 200 for r, s, _ in results if r == "ratings"),
         "stream_length": stream,
         "rss_bound_mb": args.rss_bound_mb,
     }
-    ok = (
-        all(r["errors"] == 0 for r in routes.values())
-        and stream == acknowledged
-        and bool(growth)
-        and max(growth.values()) <= args.rss_bound_mb
-    )
+    ok, text = soak_report(record, seconds)
+    print(text)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.with_suffix(".md").write_text(text)
+    h.append_jsonl(args.results.with_suffix(".jsonl"), record)
+    return 0 if ok else 1
+
+
+def soak_report(r: dict[str, Any], seconds: float | None = None) -> tuple[bool, str]:
+    """The verdict of a soak record and its soak.md (`seconds`: the run's, unrounded)."""
+    routes, growth, bound = r["routes"], r["rss_growth_mb"], r["rss_bound_mb"]
+    acked, stream, errors = r["ratings_acknowledged"], r["stream_length"], r["no_answer"]
+    before, samples, seconds = r["rss_before_mb"], r["rss_quarters_mb"], seconds or r["seconds"]
+    ok = all(x["errors"] == 0 for x in routes.values()) and stream == acked and bool(growth)
+    ok = ok and max(growth.values()) <= bound
     lines = [
         "# Soak: a mixed load at concurrency 32",
         "",
-        f"- command: `{record['command']}` at `{record['commit']}`; {record['machine']}; artifact "
-        f"`{art}`; 2 workers, a private redis-server (AOF, fsync always); written {record['written']}",
-        f"- {len(results)} requests in {seconds:.0f} s ({len(results) / seconds:.0f} req/s) from an asyncio "
-        f"httpx client in one process (which shares the 2 cores); mix: "
-        + ", ".join(f"{int(p * 100)}% {r}" for r, p in MIX),
+        f"- command: `{r['command']}` at `{r['commit']}`; {r['machine']}; artifact "
+        f"`{r['artifacts']}`; 2 workers, a private redis-server (AOF, fsync always); written {r['written']}",
+        f"- {r['requests']} requests in {seconds:.0f} s ({r['requests'] / seconds:.0f} req/s) from an "
+        f"asyncio httpx client in one process (which shares the 2 cores); mix: "
+        + ", ".join(f"{int(p * 100)}% {route}" for route, p in MIX),
         "",
-        "| route | requests | errors | statuses | p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    for route, r in routes.items():
-        lines.append(
-            f"| {route} | {r['requests']} | {r['errors']} | {r['statuses']} | {r['p50_ms']:.1f} | "
-            f"{r['p99_ms']:.1f} |"
-        )
-    lines += [
+        *h.table("| route | requests | errors | statuses | p50 ms | p99 ms |"),
+        *(
+            f"| {route} | {x['requests']} | {x['errors']} | {x['statuses']} | {x['p50_ms']:.1f} | "
+            f"{x['p99_ms']:.1f} |"
+            for route, x in routes.items()
+        ),
         "",
         "Worker RSS at rest (MB), before and after each quarter of the run: "
         + "; ".join(
             " -> ".join(f"{x:.0f}" for x in [before[p], *(q.get(p, float("nan")) for q in samples)])
             for p in before
         )
-        + f" (bound: {args.rss_bound_mb:.0f} MB growth per worker).",
-        f"Ratings acknowledged during the run: {acknowledged}; added to the stream: {stream} (lost: "
-        f"{acknowledged - stream}).",
-        "Requests without an answer (status 0): "
-        + ("; ".join(CLIENT_ERRORS) if CLIENT_ERRORS else "none")
-        + ".",
+        + f" (bound: {bound:.0f} MB growth per worker).",
+        f"Ratings acknowledged during the run: {acked}; added to the stream: {stream} (lost: "
+        f"{acked - stream}).",
+        "Requests without an answer (status 0): " + ("; ".join(errors) if errors else "none") + ".",
         f"Verdict: {'pass' if ok else 'FAIL'}.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.with_suffix(".md").write_text(text)
-    with open(args.results.with_suffix(".jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
-    return 0 if ok else 1
+    return ok, "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = h.parser(__doc__)
     sub = parser.add_subparsers(dest="suite", required=True)
     f = sub.add_parser("floor", help="every route against a bare FastAPI /health")
     f.add_argument("--artifacts", required=True, type=Path, help="an artifact written by `dcmc train`")
     f.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
     f.add_argument("--workers", type=int, default=2)
     f.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "dcmc-serve-floor")
-    f.add_argument("--results", type=Path, default=RESULTS, help="directory of serve.md and the .jsonl")
+    f.add_argument("--results", type=Path, default=h.RESULTS, help="directory of serve.md and the .jsonl")
     f.add_argument("--no-report", action="store_true", help="print only; write nothing to --results")
     s = sub.add_parser("soak", help="a mixed load at concurrency 32: errors, latencies, worker memory")
     s.add_argument("--artifacts", required=True, type=Path)
@@ -501,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--concurrency", type=int, default=32)
     s.add_argument("--rss-bound-mb", type=float, default=150.0, help="most growth per worker")
     s.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "dcmc-soak")
-    s.add_argument("--results", type=Path, default=RESULTS / "soak", help="path stem of .md/.jsonl")
+    s.add_argument("--results", type=Path, default=h.RESULTS / "soak", help="path stem of .md/.jsonl")
     args = parser.parse_args(argv)
     return floor_run(args, argv) if args.suite == "floor" else soak_run(args, argv)
 

@@ -2,21 +2,17 @@
 
     python benchmarks/startup.py --artifacts DIR [--users 30000] [--per-user 10] [--sample 200]
 
-Writes `--users` new users x `--per-user` ratings of random artifact items (random levels, seeded) into
-the stream of a private redis-server (append-only, fsynced), in the service's own entry format, then:
+Writes `--users` new users x `--per-user` ratings of random artifact items (seeded) into the stream of a
+private redis-server, in the service's own entry format, then times:
 
-1. replay: `dcmc serve --workers 1` with snapshots off: seconds from launch to /ready and peak RSS (the
-   whole stream replayed); its answers for `--sample` of the new users are the reference;
+1. replay: `dcmc serve --workers 1` with snapshots off: seconds to /ready and peak RSS; its answers for
+   `--sample` of the new users are the reference;
 2. snapshot: a worker with snapshots on, left running until it has stored one (service/snapshot.py);
-3. restart: a fresh worker: seconds to /ready, peak RSS (VmHWM), and the largest difference of its answers
-   from the reference.
+3. restart: a fresh worker: seconds to /ready, peak RSS (VmHWM), largest difference from the reference.
 
 Appends the record to benchmarks/results/startup.jsonl and rewrites startup.md.
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import sys
 import tempfile
@@ -24,14 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness as h
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Redis, Service, commit_label, machine
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
+from harness import Redis, Service
 
 
 def write_stream(redis_server: Redis, prefix: str, artifact: Path, users: int, per_user: int) -> int:
@@ -55,38 +46,22 @@ def write_stream(redis_server: Redis, prefix: str, artifact: Path, users: int, p
     return count
 
 
-def peak_rss_mb(pid: int) -> dict[str, float]:
-    """VmHWM (peak) and VmRSS of a process, in MB."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmHWM", "VmRSS"):
-            out[name] = int(value.split()[0]) / 1024
-    return out
-
-
-def start(artifact: Path, redis_server: Redis, prefix: str, log: Path, env: dict[str, str]) -> dict[str, Any]:
-    """Launch a worker, wait for /ready; (service, seconds to ready, memory)."""
+def start(artifact: Path, redis: Redis, prefix: str, log: Path, env: dict[str, str]) -> tuple[Service, dict]:
+    """Launch a worker, wait for /ready: the service, and its seconds to ready and memory."""
     began = time.perf_counter()
-    svc = Service(artifact, redis_server.url, prefix, 1, log, {"DCMC_LOG_LEVEL": "info", **env})
+    svc = Service(artifact, redis.url, prefix, 1, log, {"DCMC_LOG_LEVEL": "info", **env})
     svc.wait_ready(timeout=1800)
-    ready_s = time.perf_counter() - began
-    return {"service": svc, "ready_s": round(ready_s, 2), **peak_rss_mb(svc.proc.pid)}
-
-
-def answers(svc: Service, users: list[str], items: list[str]) -> np.ndarray:
-    return np.array([svc.predict(u, items) for u in users])
+    ready_s = round(time.perf_counter() - began, 2)
+    return svc, {"ready_s": ready_s, **(h.status_mb(svc.proc.pid, "VmHWM", "VmRSS") or {})}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = h.parser(__doc__)
     parser.add_argument("--artifacts", required=True, help="artifact directory (e.g. the ML-100K default)")
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--per-user", type=int, default=10)
     parser.add_argument("--sample", type=int, default=200, help="new users whose answers are compared")
-    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--results", default=str(h.RESULTS))
     args = parser.parse_args(argv)
     artifact = Path(args.artifacts).resolve()
     results = Path(args.results)
@@ -96,14 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     sample = [f"new{u}" for u in rng.choice(args.users, min(args.sample, args.users), replace=False)]
     from model.artifact import load_artifact
 
-    items = list(load_artifact(artifact).items.ids[:100])
+    art = load_artifact(artifact)
+    items = list(art.items.ids[:100])
     record: dict[str, Any] = {
-        "commit": commit_label(),
-        "command": "python benchmarks/startup.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine(),
+        "commit": h.commit_label(),
+        "command": h.command("startup.py", argv),
+        "machine": h.machine(),
         "artifact": str(artifact),
         # the user co-rating term (chosen or not by the artifact's search) keeps a users x users table
-        "user_table": load_artifact(artifact).inference.kernel.co_rating_user > 0,
+        "user_table": art.inference.kernel.co_rating_user > 0,
         "users": args.users,
         "per_user": args.per_user,
     }
@@ -113,37 +89,31 @@ def main(argv: list[str] | None = None) -> int:
         record["write_s"] = round(time.perf_counter() - began, 1)
         print(f"{record['ratings']} ratings in the stream ({record['write_s']} s)", flush=True)
 
-        replay = start(artifact, redis_server, prefix, log, {"DCMC_SNAPSHOT_INTERVAL_S": "0"})
-        reference = answers(replay["service"], sample, items)
-        replay["service"].stop()
-        record["replay"] = {k: v for k, v in replay.items() if k != "service"}
+        svc, record["replay"] = start(artifact, redis_server, prefix, log, {"DCMC_SNAPSHOT_INTERVAL_S": "0"})
+        reference = svc.answers(sample, items)
+        svc.stop()
         print("replay:", record["replay"], flush=True)
 
-        writer = start(artifact, redis_server, prefix, log, {})
+        svc, _ = start(artifact, redis_server, prefix, log, {})
         deadline = time.monotonic() + 600
-        while writer["service"].metrics_by("dcmc_fold_in_snapshots_total", "event").get("written", 0) < 1:
+        while svc.metrics_by("dcmc_fold_in_snapshots_total", "event").get("written", 0) < 1:
             if time.monotonic() > deadline:
                 raise TimeoutError("no snapshot stored in 10 minutes")
             time.sleep(0.2)
-        writer["service"].stop()
-        meta = json.loads(
-            redis_server.client.hget(
-                next(iter(redis_server.client.keys(f"{prefix}:ratings:snapshot:*"))), "meta"
-            )
-        )  # type: ignore[arg-type]
+        svc.stop()
+        snapshot = next(iter(redis_server.client.keys(f"{prefix}:ratings:snapshot:*")))
+        meta = json.loads(redis_server.client.hget(snapshot, "meta"))  # type: ignore[arg-type]
         record["snapshot"] = {"bytes": meta["bytes"], "applied": meta["applied"]}
 
-        restart = start(artifact, redis_server, prefix, log, {})
-        got = answers(restart["service"], sample, items)
-        restored = restart["service"].metrics_by("dcmc_fold_in_snapshots_total", "event").get("restored", 0)
-        restart["service"].stop()
-        record["restart"] = {k: v for k, v in restart.items() if k != "service"}
-        record["restart"]["restored"] = restored
+        svc, record["restart"] = start(artifact, redis_server, prefix, log, {})
+        got = svc.answers(sample, items)
+        record["restart"]["restored"] = svc.metrics_by("dcmc_fold_in_snapshots_total", "event").get(
+            "restored", 0
+        )
+        svc.stop()
         record["restart"]["max_abs_diff"] = float(np.abs(got - reference).max())
         print("restart:", record["restart"], flush=True)
-    results.mkdir(parents=True, exist_ok=True)
-    with (results / "startup.jsonl").open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    h.append_jsonl(results / "startup.jsonl", record)
     write_report(results)
     return 0
 
@@ -160,7 +130,7 @@ def _user_table(record: dict[str, Any]) -> str:
 
 
 def write_report(results: Path) -> Path:
-    rows = [json.loads(line) for line in (results / "startup.jsonl").read_text().splitlines() if line.strip()]
+    rows = h.read_jsonl(results / "startup.jsonl")
     lines = [
         "# Start-up with a long online history: replay vs fold-in snapshot",
         "",
@@ -173,9 +143,11 @@ def write_report(results: Path) -> Path:
         "fold-in keeps a users x users table (dense, and copied per applied batch, up to 8,192 users; then",
         "sparse), which the replay grows to 31,000 users and the snapshot stores.",
         "",
-        "| commit | artifact (user table) | ratings (users x each) | replay: ready s | replay: peak RSS MB "
-        "| snapshot MB | restart: ready s | restart: peak RSS MB | answers vs replay, max abs diff |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *h.table(
+            "| commit | artifact (user table) | ratings (users x each) | replay: ready s "
+            "| replay: peak RSS MB | snapshot MB | restart: ready s | restart: peak RSS MB "
+            "| answers vs replay, max abs diff |"
+        ),
     ]
     for r in rows:
         lines.append(

@@ -19,6 +19,7 @@ from training.data import Entries
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "experiments.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the scripts import their sibling harness.py by name
 
 
 def _module():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import training.pipeline
 from training.config import preset
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the scripts import their sibling harness.py by name
 _spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
 reproduce = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reproduce)

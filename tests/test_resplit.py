@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from tests.training.test_data import small_monti, write_monti_mat
 pytest.importorskip("surprise")  # the `experiments` extra
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "resplit.py"
+sys.path.insert(0, str(SCRIPT.parent))  # the scripts import their sibling harness.py by name
 _spec = importlib.util.spec_from_file_location("resplit", SCRIPT)
 assert _spec is not None and _spec.loader is not None
 resplit = importlib.util.module_from_spec(_spec)
