@@ -302,7 +302,7 @@ LABELS = {
     "recommend": "GET /recommend/{user}?k=10",
     "ratings": "POST /ratings (1 rating)",
 }
-EVENTS = ("hit", "fill", "parts_hit", "parts_fill")
+EVENTS = ("hit", "stale_hit", "fill", "parts_hit", "parts_fill")
 """The events of dcmc_user_rows_total: how /predict answers were made."""
 
 
@@ -341,10 +341,11 @@ def speed_section(r: dict[str, Any]) -> list[str]:
     if made:
         lines += [
             "How the /predict answers were made (dcmc_user_rows_total by event, both workers): `hit` from a "
-            "cached row of the state, `fill` a row computed, `parts_hit` from the user's row parts (read "
-            "with the state's field and column terms), `parts_fill` parts computed.",
+            "cached row of the state, `stale_hit` from a row of an earlier state (DCMC_ANSWER_STALENESS_S), "
+            "`fill` a row computed, `parts_hit` from the user's row parts (read with the state's field and "
+            "column terms), `parts_fill` parts computed.",
             "",
-            *h.table("| run | hit | fill | parts_hit | parts_fill |"),
+            *h.table("| run | hit | stale_hit | fill | parts_hit | parts_fill |"),
             *(f"| {n} | " + " | ".join(f"{u.get(k, 0):.0f}" for k in EVENTS) + " |" for n, u in made),
             "",
         ]
