@@ -316,7 +316,7 @@ class Follower:
                 entries = self.ratings.read(after, block_ms=TAIL_BLOCK_MS)
                 if entries and self.interval_s > 0:
                     # Whatever else arrives within the interval joins these: read again and fold them all
-                    # in at once (one new model state, which empties the cached rows, per interval).
+                    # in at once (one new model state per interval).
                     if self._stop.wait(self.interval_s):
                         return
                     self.catch_up()

@@ -60,9 +60,9 @@ class Settings(BaseSettings):
     rates one)."""
     fold_in_interval_s: float = Field(default=0.1, ge=0, le=10)
     """How long each worker gathers newly arrived ratings before it folds them in as one batch: each batch
-    makes a new model state (a fold-in's fixed cost, and every cached user row computed again), so under a
-    stream of writes a batch per interval costs far less than one per write. A read with `after` waits for
-    it (a write is visible to its reader up to this much later)."""
+    makes a new model state (a fold-in's fixed cost, and the raters' cached rows and parts computed again),
+    so under a stream of writes a batch per interval costs far less than one per write. A read with
+    `after` waits for it (a write is visible to its reader up to this much later)."""
     answer_staleness_s: float = Field(default=2.0, ge=0, le=60)
     """How late other users' ratings may reach an answer from a cached user row. Every online rating moves
     every answer a little (the CRF's known field is a sum over all known ratings), so under a stream of
@@ -124,9 +124,9 @@ class Settings(BaseSettings):
     docs/inference.md; an unknown name stops start-up with the list of valid ones)."""
     user_cache_mb: float = Field(default=64.0, ge=0)
     """Per-worker memory for users' predictions over the whole catalogue (POST /predict computes a user's
-    row once the user's requests in one model state have asked for as many predictions as it holds, and
-    answers from it after; GET /recommend fills it); 0 = off. Every online rating starts a new model state
-    and so empties it (answers stay exact)."""
+    row once the user's misses have cost what the row costs, and answers from it after; GET /recommend
+    fills it); 0 = off. A row is exact for the model state it was computed in and answers in later ones
+    as `answer_staleness_s` allows."""
     user_parts_mb: float = Field(default=128.0, ge=0)
     """Per-worker memory for the part of users' answers that other users' ratings leave as it is (the
     decoder's scores and the row terms over the whole catalogue, `exact` mode): POST /predict answers a
