@@ -58,8 +58,8 @@ class UserRows:
 
     A row is computed as a ski rental buys (`admit`): once the user's misses have computed as many entries
     as the row holds (counted per state where rows last one state). A user who keeps coming back gets a
-    row after a few requests; when states last a fraction of a second and rows with them, misses stay
-    cheaper than rows that would die unread."""
+    row after a few requests, and a new one on the first miss after it aged out; when states last a
+    fraction of a second and rows with them, misses stay cheaper than rows that would die unread."""
 
     def __init__(self, max_bytes: int, max_age_s: float = 0.0) -> None:
         self.max_bytes = max_bytes
@@ -102,6 +102,8 @@ class UserRows:
                 return row, True
             del self._rows[user]  # it answers in no later state either
             self._bytes -= row.nbytes
+            if self.max_age_s > 0:  # a user whose row just aged out: the next miss buys a new one
+                self._missed[user] = 1 << 62
             return None
 
     def admit(self, state: OnlineState, user: int, entries: int, size: int) -> bool:

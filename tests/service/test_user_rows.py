@@ -74,6 +74,7 @@ def test_a_row_of_an_earlier_state_answers_while_young_and_the_users_version_hol
     rows.put(later, 7, _row(10))  # type: ignore[arg-type]
     time.sleep(0.35)
     assert rows.get(FakeState(9), 7) is None and len(rows) == 0  # type: ignore[arg-type]  # too old
+    assert rows.admit(FakeState(9), 7, 10, 100)  # type: ignore[arg-type]  # it aged out: bought at once
     assert not rows.admit(FakeState(9), 4, 60, 100)  # type: ignore[arg-type]
     assert rows.admit(FakeState(10), 4, 60, 100)  # type: ignore[arg-type]  # misses add up across states
 
