@@ -2,7 +2,7 @@
 folds the stream in behind it (service/online.py). A read that must include a write passes the stream id
 the write returned as `after`; it waits, at most DCMC_READ_AFTER_TIMEOUT_S, until this worker has applied
 that entry, and past the bound answers 503 with Retry-After. Without `after`, a read answers from what this
-worker has applied.
+worker has applied (from a cached row: other users' ratings up to DCMC_ANSWER_STALENESS_S later).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ After = Annotated[
         pattern=r"^[0-9]{1,20}(-[0-9]{1,20})?$",
         description="A stream id that POST /ratings returned (`last_id`): answer only once this worker has "
         "folded that rating in (waiting at most DCMC_READ_AFTER_TIMEOUT_S, else 503 with Retry-After). "
-        "Without it, the answer includes what this worker has applied so far.",
+        "Without it, the answer is of what this worker has applied, other users' ratings up to "
+        "DCMC_ANSWER_STALENESS_S later where it comes from a cached row.",
     ),
 ]
 
