@@ -84,6 +84,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
             online_ratings=online_ratings,
             online_prefix=args.online_prefix,
         )
+        if distributed:  # tear gloo down together: a rank that left while rank 0 still exported aborted
+            dist.barrier()  # at exit now and then ("terminate called without an active exception", SIGABRT)
     finally:
         if distributed:
             dist.destroy_process_group()
