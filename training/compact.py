@@ -31,7 +31,6 @@ from model.stream import (
     Compacted,
     after,
     compacted_key,
-    connect,
     identity_key,
     redact_url,
     stream_key,
@@ -39,7 +38,7 @@ from model.stream import (
     text,
 )
 from training.data import DataError
-from training.online import read_online_ratings
+from training.online import read_online_ratings, stream_client
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def compact_stream(
         online.retracted,
         online.forgotten,
     )
-    client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = stream_client(url, timeout_s)
     try:
         client.set(compacted_key(key), head.to_json())
         trimmed = int(client.xtrim(key, minid=after(head.last), approximate=False))  # type: ignore[arg-type]
@@ -95,10 +94,7 @@ def compact_for_artifact(url: str, prefix: str, artifact_dir: str, timeout_s: fl
 
     artifact = load_artifact(artifact_dir)
     key = stream_key(prefix)
-    try:
-        client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    except ValueError as exc:  # a `cluster` flag that is neither true nor false
-        raise DataError(str(exc)) from None
+    client = stream_client(url, timeout_s)
     try:
         raw: Any = client.get(identity_key(key))
     except redis.RedisError as exc:

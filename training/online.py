@@ -74,6 +74,15 @@ class OnlineRatings:
     """Entries skipped as poison (as the service skips them)."""
 
 
+def stream_client(url: str, timeout_s: float) -> Any:
+    """A client of the stream's Redis at `url` (`model.stream.connect`: a cluster where the URL says so);
+    DataError for a URL whose `cluster` flag is neither true nor false."""
+    try:
+        return connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
 def read_online_ratings(
     url: str,
     prefix: str = "dcmc",
@@ -89,10 +98,7 @@ def read_online_ratings(
     import redis
 
     key = stream_key(prefix)
-    try:
-        client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    except ValueError as exc:  # a `cluster` flag that is neither true nor false
-        raise DataError(str(exc)) from None
+    client = stream_client(url, timeout_s)
     latest: dict[tuple[str, str], float] = {}
     retracted: dict[tuple[str, str], None] = {}
     forgotten: dict[str, None] = {}
