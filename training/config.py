@@ -55,6 +55,12 @@ class TrainConfig:
     ema_decay: float = 0.0
     """Decay of an exponential moving average of the weights and BatchNorm statistics, updated after every
     step; validation and the artifact use the average (not in the paper; 0 = off, the live weights)."""
+    refit: bool = False
+    """After the network trained on the training ratings less the validation carve, and the inference
+    search and fold-in choice ran on that carve: train the published network again, on every training
+    rating, with the same settings and epochs (the kept epoch's count with `keep_best`), and publish it
+    with the choices made on the carve (not in the paper; about twice the training time). The artifact
+    then holds no validation ratings."""
     checkpoint_every: int = 10
     """Write a resumable checkpoint every this many epochs (and at the end)."""
     seed: int = 0

@@ -60,6 +60,11 @@ def held_out(artifact: Artifact, split: RatingSplit, part: str) -> Entries:
         return split.test
     if part != "val":
         raise DataError(f"unknown evaluation part {part!r}; choose 'test' or 'val'")
+    if artifact.meta.get("train", {}).get("refit"):
+        raise DataError(
+            f"{artifact.path}: refit on every training rating (`refit`), so no validation ratings are left; "
+            "evaluate on 'test' (the carve's validation figures are in its metrics.json)"
+        )
     if split.val is not None:
         return split.val
     train_cfg = artifact.meta.get("train", {})

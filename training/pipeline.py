@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import time
 from dataclasses import fields, replace
 from pathlib import Path
@@ -12,7 +14,7 @@ import numpy as np
 import torch.distributed as dist
 
 from model.artifact import load_staged
-from model.config import ConfigError, ModelConfig
+from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.ratings import Ratings
 from training.config import (
     BLOCK_ENTRIES,
@@ -22,12 +24,12 @@ from training.config import (
     sized_blocks,
     sized_network,
 )
-from training.data import carve_validation, load_dataset
+from training.data import Entries, RatingSplit, carve_validation, load_dataset
 from training.export import write_artifact
 from training.fold_in import choose_refine
 from training.online import read_online_ratings, with_online
 from training.trainer import train
-from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, record_tuning, start_inference
+from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, TUNING, record_tuning, start_inference
 from training.tune import tune as search_inference  # `tune` is run_training's switch
 
 log = logging.getLogger(__name__)
@@ -201,9 +203,12 @@ def run_training(
                                       train_cfg.seed, tune_trials, tune_timeout, progress)  # fmt: skip
         metrics["fold_in"] = _fold_in(directory, config, tune, train_cfg.seed)
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+    rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    refit = train_cfg.refit and val_entries is not None and len(val_entries) > 0
+    first = out.parent / f".{out.name}.carve" if refit else out  # the carve's artifact, then the refit's
+    if rank0:
         write_artifact(
-            out,
+            first,
             model,
             matrix,
             train_entries,
@@ -217,6 +222,84 @@ def run_training(
             known_field=not searched,
             finish=finish,
         )
+    if refit:
+        assert val_entries is not None
+        everything = Entries.concat([train_entries, val_entries])
+        metrics = _refit(out, first, rank0, data, model_cfg, train_cfg, preset_name, dataset_record,
+                         everything, metrics, ckpt, resume, progress)  # fmt: skip
+    return metrics
+
+
+def _refit(
+    out: Path,
+    carve: Path,
+    rank0: bool,
+    data: RatingSplit,
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    preset_name: str,
+    dataset_record: dict[str, Any],
+    everything: Entries,
+    carve_metrics: dict[str, Any],
+    ckpt: Path,
+    resume: bool,
+    progress: bool,
+) -> dict[str, Any]:
+    """`TrainConfig.refit`: train the network again on every training rating (`everything`), as many
+    epochs as the carve's run published, and write it to `out` with the inference settings, their
+    tuning record and the fold-in policy chosen on the carve (the artifact at `carve`, removed after)."""
+    epochs = int(carve_metrics["kept_epoch"] or train_cfg.epochs) if train_cfg.keep_best else train_cfg.epochs
+    again = replace(train_cfg, epochs=epochs, keep_best=False)
+    log.info("refit: the network again on all %d training ratings, %d epochs", len(everything), epochs)
+    t0 = time.perf_counter()
+    model, matrix, history = train(
+        model_cfg,
+        again,
+        everything,
+        None,
+        checkpoint_dir=ckpt.parent / f"{ckpt.name}.refit",
+        resume=resume,
+        progress=progress,
+    )
+    seconds = time.perf_counter() - t0
+    last = history.epochs[-1] if history.epochs else {}
+    # The carve's figures stay (val_rmse, tuning, fold_in: of the carve's network, on its validation
+    # ratings); the training time is both runs'.
+    metrics: dict[str, Any] = {
+        **{k: v for k, v in carve_metrics.items() if k != "history"},
+        "train_seconds": round(carve_metrics["train_seconds"] + seconds, 2),
+        "refit": {
+            "epochs": epochs,
+            "train_seconds": round(seconds, 2),
+            "final_loss": last.get("loss"),
+            "n_train": len(everything),
+            "history": history.epochs,
+        },
+    }
+    if not rank0:
+        return metrics
+    chosen = json.loads((carve / "config.json").read_text())
+
+    def finish(directory: Path, config: dict[str, Any]) -> None:  # the carve's choices, as they were made
+        if (carve / TUNING).exists():
+            shutil.copy2(carve / TUNING, directory / TUNING)
+        if "fold_in" in chosen:
+            config["fold_in"] = chosen["fold_in"]
+
+    write_artifact(
+        out,
+        model,
+        matrix,
+        everything,
+        user_ids=data.user_ids,
+        item_ids=data.item_ids,
+        inference=InferenceConfig.from_dict(chosen["inference"]),
+        train_config={**again.to_dict(), "refit": True, "preset": preset_name},
+        dataset=dataset_record,
+        metrics=metrics,
+        finish=finish,
+    )
+    shutil.rmtree(carve, ignore_errors=True)
     return metrics
 
 

@@ -237,3 +237,56 @@ def test_the_untuned_start_leaves_a_costly_term_off(monkeypatch: pytest.MonkeyPa
     inference = start_inference(levels, 40, 70, known)
     assert inference.kernel.co_rating == 0 and inference.kernel.co_rating_user > 0
     assert start_inference(levels, 40, 70).kernel.co_rating > 0  # without the ratings: START as it is
+
+
+def test_refit_publishes_a_network_of_every_training_rating_with_the_carves_choices(
+    tmp_path: Path, tuned: tuple[Path, dict[str, object]]
+) -> None:
+    """`refit`: the search and the fold-in choice run on the carve exactly as without it (same seed, same
+    network, same record), then the published network trains again on every training rating."""
+    carve_out, carve_metrics = tuned
+    data = _data(tmp_path / "data", scramble=False)
+    out = tmp_path / "refit"
+    metrics = run_training(
+        "csv",
+        data,
+        out,
+        preset_name="default",
+        settings={**FAST, "refit": "true"},
+        progress=False,
+        tune_trials=6,
+    )
+    carve, refit = load_artifact(carve_out), load_artifact(out)
+    assert not (tmp_path / ".refit.carve").exists()  # the carve's artifact is not left behind
+    # Every training rating is known and trained on; none is held out.
+    assert len(refit.held_out) == 0
+    assert len(refit.train) == len(carve.train) + len(carve.held_out)
+    assert refit.meta["train"]["refit"] is True and refit.meta["train"]["epochs"] == 4
+    # The carve's choices, unchanged: settings, the search's record, the fold-in policy.
+    assert refit.inference.to_dict() == carve.inference.to_dict()
+
+    def untimed(record: object) -> object:  # the same search, bar the seconds it took
+        assert isinstance(record, dict)
+        return {k: v for k, v in record.items() if "_s" not in k and "seconds" not in k and k != "trials"}
+
+    record, carve_record = (json.loads((d / "tuning.json").read_text()) for d in (out, carve_out))
+    assert untimed(record) == untimed(carve_record) and record["n_known"] == len(carve.train)
+    assert [t["val_rmse"] for t in record["trials"]] == [t["val_rmse"] for t in carve_record["trials"]]
+    assert untimed(metrics["tuning"]) == untimed(carve_metrics["tuning"])
+    assert metrics["val_rmse"] == carve_metrics["val_rmse"]
+    assert untimed(refit.meta.get("fold_in")) == untimed(carve.meta.get("fold_in"))
+    refit_record = metrics["refit"]
+    assert isinstance(refit_record, dict) and refit_record["n_train"] == len(refit.train)
+    assert len(refit_record["history"]) == 4
+    # Another network: trained on more ratings, its embeddings differ from the carve's.
+    assert not np.allclose(np.load(out / "user_embeddings.npy"), np.load(carve_out / "user_embeddings.npy"))
+    if refit.inference.mode == "exact":  # the stored field is the new network's over every known rating
+        _, scorer = artifact_scorer(refit)
+        assert getattr(scorer, "field_source", None) == "artifact"
+    # There is nothing left to validate on: `dcmc evaluate --part val` says so.
+    from training.data import DataError
+    from training.evaluate import evaluate
+
+    with pytest.raises(DataError, match="no validation ratings are left"):
+        evaluate(out, data, part="val")
+    assert evaluate(out, data)["n"] > 0
