@@ -94,7 +94,8 @@ def test_the_overrides_turn_the_csv_preset_into_the_base_artifacts_settings(tmp_
     (tmp_path / "config.json").write_text(json.dumps(config))
     pairs = dict(p.split("=", 1) for p in online.artifact_overrides(tmp_path, preset("csv"), TrainConfig))
     types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    got = {k: {"int": int, "float": float}[types[k]](v) for k, v in pairs.items() if k in types}
+    kinds = {"int": int, "float": float, "bool": lambda v: v == "true"}
+    got = {k: kinds[types[k]](v) for k, v in pairs.items() if k in types}
     assert dataclasses.replace(preset("csv").train, **got) == dataclasses.replace(train, seed=0)
     assert pairs["hidden"] == "32,16" and "tau" not in pairs  # the csv preset's tau is the same
     settings = {k.removeprefix("inference."): v for k, v in pairs.items() if k.startswith("inference.")}
