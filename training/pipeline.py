@@ -294,7 +294,7 @@ def _refit(
         user_ids=data.user_ids,
         item_ids=data.item_ids,
         inference=InferenceConfig.from_dict(chosen["inference"]),
-        train_config={**again.to_dict(), "refit": True, "preset": preset_name},
+        train_config={**again.to_dict(), "preset": preset_name},  # again.refit: True
         dataset=dataset_record,
         metrics=metrics,
         finish=finish,
