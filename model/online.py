@@ -522,7 +522,9 @@ class FoldIn:
         self._embedded = np.concatenate(
             [self._embedded, np.zeros(len(self._items) - len(self._embedded), bool)]
         )
-        item_emb = _grown(old.item_emb, len(self._items))
+        # The items' table is copied only when it changes (rows for new items, or embeddings for them).
+        same_items = not len(items) and len(self._items) == old.n_items
+        item_emb = old.item_emb if same_items else _grown(old.item_emb, len(self._items))
         columns, embeddable = [], []
         for item in items:
             raters = self._new_items[int(item)]

@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import blas
 
+from model.engine import in_order
 from model.ratings import LineIndex, Ratings, ranges
 from model.types import FloatArray, IntArray
 
@@ -120,7 +121,10 @@ class DenseAffinity:
         """w(a[i], b[j]): (len(a), len(b))."""
         a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
         if not len(self.patched) and self.size == len(self.table):
-            out: FloatArray = self.table[np.ix_(a, b)]
+            if len(b) == self.size and in_order(b, self.size):  # whole lines: a row gather, no 2-D index
+                out: FloatArray = np.take(self.table, a, axis=0)
+                return out
+            out = self.table[np.ix_(a, b)]
             return out
         out = self._base_block(a, b)
         sa, sb = self._slot[a], self._slot[b]
