@@ -125,7 +125,7 @@ class PaperScorer:
         """`predict`'s distributions; no baseline."""
         return self.predict(rows, cols, query_probs), None
 
-    def row_parts(self, user: int) -> None:
+    def row_parts(self, user: int, previous: object = None) -> None:
         """None: a query's answer depends on the others asked with it (their blocks), not on parts."""
         return None
 

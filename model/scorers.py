@@ -49,9 +49,10 @@ class Scorer(Protocol):
         one; `predict` = (1 - w) dist + w level_distribution(baseline) (`baseline_weight` w)."""
         ...
 
-    def row_parts(self, user: int) -> RowParts | None:
+    def row_parts(self, user: int, previous: RowParts | None = None) -> RowParts | None:
         """The part of the user's answers that other users' ratings leave as it is, to answer from with
-        `from_parts` in later states; None where the mode has no such part."""
+        `from_parts` in later states; None where the mode has no such part. `previous`: the user's parts of
+        an earlier state with the same items, which the mode may update rather than compute anew."""
         ...
 
     def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
@@ -100,7 +101,7 @@ class NetworkScorer:
         """The network's distributions; no baseline."""
         return self.predict(rows, cols, query_probs), None
 
-    def row_parts(self, user: int) -> RowParts | None:
+    def row_parts(self, user: int, previous: RowParts | None = None) -> RowParts | None:
         """None: the network's answers need no parts."""
         return None
 

@@ -156,14 +156,20 @@ class UserParts:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, state: OnlineState, user: int) -> RowParts | None:
-        """The user's parts, if held and valid in `state`."""
+    def get(self, state: OnlineState, user: int) -> tuple[RowParts | None, RowParts | None]:
+        """(the user's parts if held and valid in `state`, else None; else the user's parts of an earlier
+        state with the same items, which `ExactScorer.row_parts(previous=)` updates by the user's changed
+        ratings, or None)."""
         with self._lock:
             held = self._parts.get(user)
-            if held is None or held[0] != state.user_version(user):
-                return None
-            self._parts.move_to_end(user)
-            return held[1]
+            if held is None:
+                return None, None
+            version = state.user_version(user)
+            if held[0] == version:
+                self._parts.move_to_end(user)
+                return held[1], None
+            same_items = held[0][1] == version[1] and held[0][0] < version[0]
+            return None, held[1] if same_items else None
 
     def put(self, state: OnlineState, user: int, parts: RowParts) -> None:
         """Keep the user's parts of `state` (replacing older ones), dropping the least recently used beyond

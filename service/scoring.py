@@ -519,12 +519,12 @@ class ServedModel:
         scorer has none (not `exact` with clamped known entries, or the cache off)."""
         if self.parts.max_bytes <= 0:
             return None
-        parts = self.parts.get(state, user)
+        parts, previous = self.parts.get(state, user)
         if parts is not None:
             self._parts_hit.inc()
             return parts
         with self._engine_lock:
-            parts = state.scorer.row_parts(user)
+            parts = state.scorer.row_parts(user, previous)
         if parts is not None:
             self.parts.put(state, user, parts)
             self._parts_fill.inc()

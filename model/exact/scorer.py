@@ -32,6 +32,10 @@ from model.exact.posterior import posterior, query_distributions, user_distribut
 from model.ratings import Ratings
 from model.types import FloatArray, IntArray
 
+PARTS_RESUM_STEPS = 32
+"""Updates a user's row terms take by their changed ratings (`row_parts(previous=)`) before they are summed
+whole again: rounding stays that of a few dozen additions."""
+
 
 @dataclass(frozen=True)
 class FieldKey:
@@ -160,10 +164,16 @@ class RowParts:
     own: FloatArray | None
     """(m, p [+ 1]) the row terms' sums over every item (same-user, item co-rating; with the normaliser's
     share as column p under `normalized`), or None without them."""
+    rated: tuple[IntArray, IntArray] | None = None
+    """(items, labels) of the user's known ratings that `own` sums over, so that a later `row_parts` of
+    the same items can add the changed ratings' terms to `own` instead of summing them all again."""
+    steps: int = 0
+    """How many such updates `own` has had since it was last summed whole."""
 
     @property
     def nbytes(self) -> int:
-        return int(self.scores.nbytes + (0 if self.own is None else self.own.nbytes))
+        rated = 0 if self.rated is None else self.rated[0].nbytes + self.rated[1].nbytes
+        return int(self.scores.nbytes + (0 if self.own is None else self.own.nbytes) + rated)
 
 
 class ExactScorer:
@@ -443,24 +453,75 @@ class ExactScorer:
             return dist
         return baseline_mixture(dist, baseline, self.network.levels, self.output.baseline)
 
-    def row_parts(self, user: int) -> RowParts | None:
+    def row_parts(self, user: int, previous: RowParts | None = None) -> RowParts | None:
         """What of the user's answers over the whole catalogue depends on the user's own ratings and
         embedding alone (and on the items'), so that it stays valid while other users' ratings arrive: the
         decoder's scores and the row terms (same-user, item co-rating) over every item, float64. None when
-        the known entries are not clamped (their distributions then move with every rating)."""
+        the known entries are not clamped (their distributions then move with every rating).
+
+        `previous`: the user's parts from an earlier state with the same items (embeddings and co-rating
+        table): the row terms are then those sums plus the terms of the ratings that changed since (each
+        term is one rating's, so the sums are the same to rounding), summed whole again every
+        PARTS_RESUM_STEPS updates."""
         if self.kernel.known != "clamped":
             return None
         net, lines = self.network, self.lines
         decoder = np.matmul(net.user_emb[user], net.bilinear)  # (p, d)
         scores = np.asarray(net.item_emb, dtype=np.float64) @ decoder.T  # (m, p)
-        own = None
-        if lines is not None and self.field.t is not None and (lines.same_user > 0 or lines.co_rating > 0):
-            row_terms = dataclasses.replace(lines, same_item=0.0, co_rating_user=0.0)
-            cols = np.arange(net.n_items, dtype=np.int64)
-            rows = np.full(net.n_items, user, dtype=np.int64)
-            normalized = self.kernel.scaling == "normalized"
-            own = row_terms.messages(self.field.t, self.user_lifted, self.item_lifted, rows, cols, normalized)
-        return RowParts(user, scores, own)
+        if lines is None or self.field.t is None or not (lines.same_user > 0 or lines.co_rating > 0):
+            return RowParts(user, scores, None)
+        known = self.known
+        pos = known.by_row.of(user) if user < known.n_users else np.empty(0, dtype=np.int64)
+        rated = (known.cols[pos], known.labels(net.levels)[pos])
+        normalized = self.kernel.scaling == "normalized"
+        if (
+            previous is not None
+            and previous.own is not None
+            and previous.rated is not None
+            and previous.steps < PARTS_RESUM_STEPS
+            and len(previous.own) == net.n_items
+        ):
+            own = self._own_changed(lines, previous.own, previous.rated, rated, normalized)
+            return RowParts(user, scores, own, rated, previous.steps + 1)
+        row_terms = dataclasses.replace(lines, same_item=0.0, co_rating_user=0.0)
+        cols = np.arange(net.n_items, dtype=np.int64)
+        rows = np.full(net.n_items, user, dtype=np.int64)
+        own = row_terms.messages(self.field.t, self.user_lifted, self.item_lifted, rows, cols, normalized)
+        return RowParts(user, scores, own, rated)
+
+    def _own_changed(
+        self,
+        lines: Lines,
+        own: FloatArray,
+        was: tuple[IntArray, IntArray],
+        now: tuple[IntArray, IntArray],
+        normalized: bool,
+    ) -> FloatArray:
+        """`own` (the row terms over the ratings `was`, (items, labels)) moved to the ratings `now`: each
+        changed rating's term taken out at its old label and added at its new one (a new array)."""
+        compat = self.compat
+        p = len(compat)
+        before = dict(zip(was[0].tolist(), was[1].tolist(), strict=True))
+        after = dict(zip(now[0].tolist(), now[1].tolist(), strict=True))
+        changed = sorted(j for j in before.keys() | after.keys() if before.get(j) != after.get(j))
+        out: FloatArray = np.array(own, dtype=np.float64)
+        if not changed:
+            return out
+        weights = np.zeros((len(changed), p + int(normalized)))
+        for k, j in enumerate(changed):
+            if j in after:
+                weights[k, :p] += compat[after[j]]
+            if j in before:
+                weights[k, :p] -= compat[before[j]]
+            if normalized:
+                weights[k, p] = float(j in after) - float(j in before)
+        items = np.array(changed, dtype=np.int64)
+        if lines.co_rating > 0 and lines.affinity is not None:
+            lines.affinity.add_weighted_lines(out, items, lines.co_rating * weights)
+        if lines.same_user > 0:  # s_c(j, j_l) = b_j . b_{j_l}: the catalogue times the changed items' sum
+            b = self.item_lifted
+            out += b @ (lines.same_user * (b[items].T @ weights))
+        return out
 
     def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
         """`unmixed` of the queries (parts.user, cols[k]) from the user's `row_parts` (taken from this

@@ -13,6 +13,7 @@ from model.artifact import Artifact, load_artifact
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork
 from model.exact import ExactScorer
+from model.exact.scorer import PARTS_RESUM_STEPS
 from model.online import FoldIn
 from model.paper import PaperScorer
 from model.ratings import Ratings
@@ -439,6 +440,49 @@ def test_an_untouched_users_row_parts_answer_in_every_later_state(artifact: Arti
     )
     predicted, _ = _fold(artifact, {**overrides, "kernel.known": "predicted"})
     assert isinstance(predicted.state.scorer, ExactScorer) and predicted.state.scorer.row_parts(3) is None
+
+
+@pytest.mark.parametrize("scaling", ["normalized", "sum"])
+def test_a_raters_row_parts_updated_by_its_changed_ratings_equal_parts_summed_whole(
+    artifact: Artifact, scaling: str
+) -> None:
+    # row_parts(previous=) adds the changed ratings' row terms to the earlier sums (a new rating, a
+    # re-rating at another label, a retraction); the result equals the parts summed over every rating, and
+    # after PARTS_RESUM_STEPS updates the parts are summed whole again.
+    overrides = {**EXACT, "kernel.scaling": scaling, "kernel.co_rating": 3.0, "kernel.same_user": 2.0}
+    fold, _ = _fold(artifact, overrides)
+    train, item = artifact.train, artifact.items.external
+    user = int(train.rows[0])
+    uid = artifact.users.external(user)
+    rated = train.cols[train.by_row.of(user)]
+    unrated = [j for j in range(train.n_items) if j not in set(rated.tolist())]
+    scorer = fold.state.scorer
+    assert isinstance(scorer, ExactScorer)
+    parts = scorer.row_parts(user)
+    assert parts is not None and parts.own is not None and parts.steps == 0
+    old_label = int(train.values[train.by_row.of(user)[0]])
+    steps = [
+        [(uid, item(unrated[0]), 4.0)],  # a new rating
+        [(uid, item(int(rated[0])), 1.0 if old_label != 1 else 5.0)],  # a re-rating at another label
+        [(uid, item(int(rated[1])), None)],  # a retraction
+        [(uid, item(unrated[1]), 2.0), (uid, item(unrated[0]), None)],  # one in, the first new one out
+    ]
+    for batch in steps:
+        fold.apply(batch)
+        scorer = fold.state.scorer
+        assert isinstance(scorer, ExactScorer)
+        updated = scorer.row_parts(user, previous=parts)
+        whole = scorer.row_parts(user)
+        assert updated is not None and whole is not None and updated.own is not None and whole.own is not None
+        assert updated.steps == parts.steps + 1 and whole.steps == 0
+        assert np.abs(updated.own - parts.own).max() > 1e-6  # the terms did move
+        np.testing.assert_allclose(updated.own, whole.own, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(updated.scores, whole.scores)
+        parts = updated
+    stale = dataclasses.replace(parts, steps=PARTS_RESUM_STEPS)
+    again = scorer.row_parts(user, previous=stale)
+    assert again is not None and again.steps == 0
+    np.testing.assert_array_equal(again.own, scorer.row_parts(user).own)  # type: ignore[union-attr]
 
 
 def test_a_retraction_takes_an_online_or_an_artifact_rating_back(artifact: Artifact) -> None:
