@@ -60,6 +60,7 @@ async def wait_applied(scorer: ServedModel, after: str | None, timeout_s: float)
             "of this service did not return"
         )
         raise invalid(["query", "after"], "no_such_rating", msg)
+    scorer.follower.hurry()  # fold in what has arrived now, not at the end of the gathering interval
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not applied(scorer, after):

@@ -232,6 +232,7 @@ class Follower:
         self.last_skipped: Poison | None = None
         self._lock = threading.Lock()  # one reader applies at a time, in stream order
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # a read waits for an entry: fold in without the interval
         self._thread: threading.Thread | None = None
 
     def catch_up(self) -> int:
@@ -299,9 +300,15 @@ class Follower:
         self._thread = threading.Thread(target=self._tail, name="rating-stream", daemon=True)
         self._thread.start()
 
+    def hurry(self) -> None:
+        """Fold in what has arrived now rather than at the end of the gathering interval (a read with
+        `after` waits for it)."""
+        self._hurry.set()
+
     def stop(self) -> None:
         """Stop the tail thread (it ends within one block interval)."""
         self._stop.set()
+        self._hurry.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -316,8 +323,10 @@ class Follower:
                 entries = self.ratings.read(after, block_ms=TAIL_BLOCK_MS)
                 if entries and self.interval_s > 0:
                     # Whatever else arrives within the interval joins these: read again and fold them all
-                    # in at once (one new model state per interval).
-                    if self._stop.wait(self.interval_s):
+                    # in at once (one new model state per interval), sooner when a read waits (`hurry`).
+                    self._hurry.wait(self.interval_s)
+                    self._hurry.clear()
+                    if self._stop.is_set():
                         return
                     self.catch_up()
                 elif entries:

@@ -58,12 +58,13 @@ class Settings(BaseSettings):
     max_new_items: int = Field(default=1_000, ge=0)
     """The same for items the artifact does not know (predicted by the bias baseline until a trained user
     rates one)."""
-    fold_in_interval_s: float = Field(default=0.1, ge=0, le=10)
+    fold_in_interval_s: float = Field(default=0.5, ge=0, le=10)
     """How long each worker gathers newly arrived ratings before it folds them in as one batch: each batch
     makes a new model state (a fold-in's fixed cost, and the raters' cached rows and parts computed again),
     so under a stream of writes a batch per interval costs far less than one per write. A read with
-    `after` waits for it (a write is visible to its reader up to this much later)."""
-    answer_staleness_s: float = Field(default=2.0, ge=0, le=60)
+    `after` cuts the wait short (it is answered once its write is folded in); other reads see a write up
+    to this much later (docs/online.md)."""
+    answer_staleness_s: float = Field(default=10.0, ge=0, le=60)
     """How late other users' ratings may reach an answer from a cached user row. Every online rating moves
     every answer a little (the CRF's known field is a sum over all known ratings), so under a stream of
     ratings a row exact for the newest state would last one fold-in (`fold_in_interval_s`). A row answers

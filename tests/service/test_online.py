@@ -532,6 +532,19 @@ def test_ratings_arriving_within_the_interval_are_folded_in_together(
         assert batches == [5]  # one fold-in, one new model state
 
 
+def test_a_read_after_a_write_folds_it_in_without_waiting_out_the_interval(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    # The interval (5 s) is far past the read's bound (1 s): a read with `after` cuts it short and is
+    # answered, while a read without it still sees the state before the write.
+    with _app(tiny_artifact, durable_redis, fold_in_interval_s=5.0, read_after_timeout_s=1.0) as api:
+        before = _predict(api.client, "u4")
+        last = _write(api.client, _ratings("u4", [("i5", 1.0), ("i10", 1.0)]))
+        time.sleep(0.3)  # the tail has read the write and waits out its interval
+        np.testing.assert_array_equal(_predict(api.client, "u4"), before)
+        assert np.abs(_predict(api.client, "u4", after=last) - before).max() > 1e-6
+
+
 def test_delete_takes_a_rating_back_everywhere_and_after_a_restart(
     tiny_artifact: Path, durable_redis: RedisServer
 ) -> None:
