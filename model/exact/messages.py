@@ -85,24 +85,31 @@ class FactorizedGraph:
 
 
 def clamped_sums(
-    a: np.ndarray, b: np.ndarray, rows: IntArray, cols: IntArray, labels: IntArray, compat: FloatArray
+    a: np.ndarray,
+    b: np.ndarray,
+    rows: IntArray,
+    cols: IntArray,
+    labels: IntArray,
+    compat: FloatArray,
+    weights: FloatArray | None = None,
 ) -> FloatArray:
     """`FactorizedGraph.aggregate` of a few entries clamped to their labels (weights compat[labels]),
     then their `total`: sum_l compat[label_l, u] a_{i_l} b_{j_l}^T for every level u, then
-    sum_l a_{i_l} b_{j_l}^T: (p + 1, D, D). One sparse product sums each row's item vectors per label
-    (rows x p, D), the compatibility mixes them per level, one matrix product takes them to D x D:
-    O(K D + rows p D^2), what an online batch's changed rows cost."""
+    sum_l a_{i_l} b_{j_l}^T: (p + 1, D, D); `weights` (K,) scale each entry's term (-1 takes it out). One
+    sparse product sums each row's item vectors per label (rows x p, D), the compatibility mixes them per
+    level, one matrix product takes them to D x D: O(K D + rows p D^2), what an online batch's changed
+    rows cost."""
     users, inverse = np.unique(rows, return_inverse=True)
     if len(users) > CLAMPED_CHUNK_ROWS:  # a restore's tens of thousands of rows: bounded temporaries
         total = np.zeros((len(compat) + 1, a.shape[1], b.shape[1]))
         for lo in range(0, len(users), CLAMPED_CHUNK_ROWS):
             pick = (inverse >= lo) & (inverse < lo + CLAMPED_CHUNK_ROWS)
-            total += clamped_sums(a, b, rows[pick], cols[pick], labels[pick], compat)
+            part = None if weights is None else weights[pick]
+            total += clamped_sums(a, b, rows[pick], cols[pick], labels[pick], compat, part)
         return total
     p, d = len(compat), b.shape[1]
-    by_label = sp.csr_matrix(
-        (np.ones(len(rows)), (inverse * p + labels, cols)), shape=(len(users) * p, len(b))
-    )
+    data = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)
+    by_label = sp.csr_matrix((data, (inverse * p + labels, cols)), shape=(len(users) * p, len(b)))
     sums = np.asarray(by_label @ b).reshape(len(users), p, d)  # [r, v]: row r's items labelled v
     per_row = np.empty((len(users), p + 1, d))
     per_row[:, :p] = np.einsum("rvd,vu->rud", sums, compat)

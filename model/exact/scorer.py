@@ -305,8 +305,7 @@ class ExactScorer:
             / (network.n_users * network.n_items)
         )
         if self.kernel.known == "clamped" and self.kernel.scaling != "scaled":
-            old_g, old_h = self._terms(users, items)
-            new_g, new_h = new._terms(users, items)
+            moved = self._terms_moved(new, users, items)  # their new terms less their old ones
             lines_on = new.lines is not None and new.lines.active
             labels = known.labels(network.levels)
             t_all = ClampedRows(labels, self.compat) if lines_on else None
@@ -316,8 +315,8 @@ class ExactScorer:
                 else None
             )
             new.field = KnownField(
-                g=self.field.g - old_g + new_g,
-                h=self.field.h - old_h + new_h,
+                g=self.field.g + moved[:-1],
+                h=self.field.h + moved[-1],
                 scaling=self.kernel.scaling,
                 scale=scale,
                 t=t_all,
@@ -336,18 +335,39 @@ class ExactScorer:
             new.biases = self.biases.grown(network.n_users, network.n_items).with_users(users.tolist(), rated)
         return new
 
-    def _terms(self, users: IntArray, items: IntArray) -> tuple[FloatArray, FloatArray]:
-        """The clamped field's terms (G, H) of the known entries on the rows `users` or the columns `items`:
-        sum_l t_l a_{i_l} b_{j_l}^T over them (users and items beyond this scorer's matrix have none)."""
+    def _entries(self, users: IntArray, items: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+        """(rows, cols, labels) of the known entries on the rows `users` or the columns `items` (users and
+        items beyond this scorer's matrix have none)."""
         known = self.known
         on_rows, _ = known.by_row.members(users[users < known.n_users])
         on_cols, _ = known.by_col.members(items[items < known.n_items])
         pos = np.union1d(on_rows, on_cols)
-        labels = known.labels(self.network.levels)[pos]
-        sums = clamped_sums(
-            self.user_lifted, self.item_lifted, known.rows[pos], known.cols[pos], labels, self.compat
-        )
-        return sums[:-1], sums[-1]
+        return known.rows[pos], known.cols[pos], known.labels(self.network.levels)[pos]
+
+    def _terms_moved(self, new: ExactScorer, users: IntArray, items: IntArray) -> FloatArray:
+        """What the clamped field's (G, H) gain from `self` to `new` by the known entries on the rows
+        `users` or the columns `items`: their terms sum_l t_l a_{i_l} b_{j_l}^T in `new` less those in
+        `self`: (p + 1, D, D). Where no item embedding changed, one `clamped_sums` of both sets (the old
+        ones weighted -1, each user's old and new embedding as rows of their own); else two."""
+        old_rows, old_cols, old_labels = self._entries(users, items)
+        new_rows, new_cols, new_labels = new._entries(users, items)
+        if len(items):
+            old = clamped_sums(
+                self.user_lifted, self.item_lifted, old_rows, old_cols, old_labels, self.compat
+            )
+            fresh = clamped_sums(
+                new.user_lifted, new.item_lifted, new_rows, new_cols, new_labels, self.compat
+            )
+            out: FloatArray = fresh - old
+            return out
+        old_users, old_at = np.unique(old_rows, return_inverse=True)
+        new_users, new_at = np.unique(new_rows, return_inverse=True)
+        a = np.concatenate([self.user_lifted[old_users], new.user_lifted[new_users]])
+        rows = np.concatenate([old_at, new_at + len(old_users)])
+        weights = np.concatenate([np.full(len(old_rows), -1.0), np.ones(len(new_rows))])
+        cols, labels = np.concatenate([old_cols, new_cols]), np.concatenate([old_labels, new_labels])
+        out = clamped_sums(a, new.item_lifted, rows, cols, labels, self.compat, weights)
+        return out
 
     def _lines(
         self,

@@ -10,6 +10,7 @@ import pytest
 from model import engine, exact
 from model.config import InferenceConfig, ModelConfig
 from model.engine import Network
+from model.exact import messages
 from model.ratings import LineIndex, Ratings
 from model.scorers import build_scorer, predict_distributions
 
@@ -72,7 +73,7 @@ def test_factorised_messages_equal_dense(
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_clamped_sums_equal_the_graphs_aggregate_and_total() -> None:
+def test_clamped_sums_equal_the_graphs_aggregate_and_total(monkeypatch: pytest.MonkeyPatch) -> None:
     # What an online batch adds to and takes from the field: its entries' sums, clamped to their labels.
     a, b, rows, cols, _ = _graph(seed=4)
     rng = np.random.default_rng(4)
@@ -82,6 +83,14 @@ def test_clamped_sums_equal_the_graphs_aggregate_and_total() -> None:
     sums = exact.clamped_sums(a, b, rows, cols, labels, compat)
     np.testing.assert_allclose(sums[:-1], graph.aggregate(compat[labels]), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(sums[-1], graph.total(), rtol=1e-12, atol=1e-12)
+    # Weighted entries (a batch's old terms at -1 beside its new ones), also taken a few rows at a time.
+    weights = rng.choice([-1.0, 1.0, 0.5], len(rows))
+    weighted = exact.FactorizedGraph(a, b, rows, cols).aggregate(weights[:, None] * compat[labels])
+    for chunk in (4096, 2):
+        monkeypatch.setattr(messages, "CLAMPED_CHUNK_ROWS", chunk)
+        got = exact.clamped_sums(a, b, rows, cols, labels, compat, weights)
+        np.testing.assert_allclose(got[:-1], weighted, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got[-1], (a[rows] * weights[:, None]).T @ b[cols], rtol=1e-12, atol=1e-12)
 
 
 def _dense_messages(s: np.ndarray, q_prime: np.ndarray, scaling: str, scale: float) -> np.ndarray:
