@@ -151,7 +151,7 @@ class FoldIn:
                 base.rows, base.cols, base.values, base.n_users, base.n_items, USER_SHRINK, ITEM_SHRINK
             )
         self._lock = threading.Lock()
-        self._stacked: np.ndarray | None = None  # `stacked_decoder` of the network's decoder, once needed
+        self._stacked = stacked_decoder(network.bilinear)  # the decoder never changes online: stacked once
         self.state = OnlineState(network, self._base, scorer, 0, self._embedded.copy(), self._bias)
 
     @property
@@ -561,8 +561,6 @@ class FoldIn:
             rows[k, cols[mine]] = np.fromiter(ratings.values(), dtype=np.float32)[mine]
         user_emb = _grown(old.user_emb, len(self._users))
         user_emb[users] = np.asarray(self._embed_rows(rows), dtype=np.float32).astype(np.float64)
-        if self._stacked is None:  # the decoder never changes online: stacked once
-            self._stacked = stacked_decoder(old.bilinear)
         stacked = self._stacked
         for user in users:  # the row branch's embedding, refined by the decoder's likelihood of the ratings
             if user < n and self._trained[user] and not self.refine_trained:

@@ -121,7 +121,7 @@ class DenseAffinity:
         """w(a[i], b[j]): (len(a), len(b))."""
         a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
         if not len(self.patched) and self.size == len(self.table):
-            if len(b) == self.size and in_order(b, self.size):  # whole lines: a row gather, no 2-D index
+            if in_order(b, self.size):  # whole lines: a row gather, no 2-D index
                 out: FloatArray = np.take(self.table, a, axis=0)
                 return out
             out = self.table[np.ix_(a, b)]
