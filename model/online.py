@@ -283,6 +283,7 @@ class FoldIn:
         one scorer update, not a replay; a later `apply` continues exactly as it would have here."""
         with self._lock:
             state = self.state
+            known = state.known.compact()  # the ratings alone, one position each
             n, m = self.artifact.config.n_users, self.artifact.config.n_items
             online = _flat(self._online)
             new_items = _flat(self._new_items)
@@ -309,9 +310,9 @@ class FoldIn:
                 "item_biases": self._bias.items,
                 "user_emb": np.asarray(state.network.user_emb),
                 "item_emb": np.asarray(state.network.item_emb),
-                "known_rows": state.known.rows,
-                "known_cols": state.known.cols,
-                "known_values": state.known.values,
+                "known_rows": known.rows,
+                "known_cols": known.cols,
+                "known_values": known.values,
                 "changed": changed,
                 **{f"scorer_{name}": value for name, value in state.scorer.online_tables().items()},
             }
@@ -469,9 +470,9 @@ class FoldIn:
 
     def _known(self, pairs: dict[tuple[int, int], float | None], embedded: IntArray) -> Ratings:
         """The CRF's known ratings: the artifact's less those re-rated online, then every online rating of
-        an item that has an embedding. The published ones with this batch's `pairs` changed in place or
-        appended, and the ratings of the items `embedded` just now appended (`Ratings.changed`: no
-        rebuild, so a batch costs what it changes, not all N ratings)."""
+        an item that has an embedding. The published ones with this batch's `pairs` re-rated, taken back
+        or added, and the ratings of the items `embedded` just now added (`Ratings.changed`: no rebuild,
+        so a batch costs what it changes, not all N ratings)."""
         changes = {pair: value for pair, value in pairs.items() if self._embedded[pair[1]]}
         for item in embedded.tolist():  # first embedded now: every online rating of it joins
             changes.update({(user, item): value for user, value in self._new_items[item].items()})
@@ -489,18 +490,6 @@ class FoldIn:
                 rows.append(user)
                 cols.append(item)
                 added.append(value)
-        if removed:  # rare (DELETE /ratings): the known ratings are rebuilt without them
-            keep = np.ones(len(old), dtype=bool)
-            keep[removed] = False
-            new_values = old.values.copy()
-            new_values[np.array(at, dtype=np.int64)] = values
-            return Ratings(
-                np.concatenate([old.rows[keep], np.array(rows, dtype=np.int64)]),
-                np.concatenate([old.cols[keep], np.array(cols, dtype=np.int64)]),
-                np.concatenate([new_values[keep], np.array(added, dtype=np.float64)]),
-                len(self._users),
-                len(self._items),
-            )
         return old.changed(
             np.array(at, dtype=np.int64),
             np.array(values, dtype=np.float64),
@@ -509,6 +498,7 @@ class FoldIn:
             np.array(added, dtype=np.float64),
             len(self._users),
             len(self._items),
+            np.array(removed, dtype=np.int64),
         )
 
     def _network(self, users: IntArray, items: IntArray) -> tuple[Network, IntArray, IntArray]:

@@ -142,7 +142,7 @@ class PaperScorer:
         tables: Mapping[str, np.ndarray] | None = None,
     ) -> PaperScorer:
         """The scorer once ratings arrived online: the partitions are drawn again over the grown matrix."""
-        return PaperScorer(network, known, self.crf, self.settings, self.message_scaling)
+        return PaperScorer(network, known.compact(), self.crf, self.settings, self.message_scaling)
 
     def online_tables(self) -> dict[str, np.ndarray]:
         """Nothing that the ratings do not give back: the partitions are drawn again."""

@@ -37,56 +37,185 @@ def stable_order(line: IntArray, n_lines: int) -> IntArray:
     return out
 
 
+class _Store:
+    """Append-only storage behind the arrays of a chain of indexes or ratings, each made from the last by
+    `changed`: each holds a view of the part filled when it was made, so an append (into spare capacity,
+    or into a larger copy, the old array left to the views that hold it) never changes what an earlier
+    one reads. One writer at a time (the fold-in's lock)."""
+
+    __slots__ = ("array", "fill")
+
+    def __init__(self, array: np.ndarray, fill: int) -> None:
+        self.array, self.fill = array, fill
+
+
+def _extended(view: np.ndarray, store: _Store | None, more: np.ndarray) -> tuple[np.ndarray, _Store]:
+    """np.concatenate([view, more]) and the store it is a view of: in O(len(more)) when `view` is the
+    store's filled part (amortized: the capacity doubles when it runs out), else (the first change of
+    arrays built whole, or a change of an older one of the chain) copied into a new store."""
+    n, k = len(view), len(more)
+    if store is None or store.fill != n or view.base is not store.array:
+        array = np.empty(max(2 * (n + k), 1024), dtype=view.dtype)
+        array[:n] = view
+        store = _Store(array, n)
+    elif n + k > len(store.array):
+        array = np.empty(2 * (n + k), dtype=view.dtype)
+        array[:n] = view
+        store.array = array  # the views already made keep the old array
+    store.array[n : n + k] = more
+    store.fill = n + k
+    return store.array[: n + k], store
+
+
+COMPACT_WASTE = 2
+"""A changed index is rewritten compact once its buffer holds more than this many times its live entries
+(lines written anew leave their old copies behind), and changed ratings renumbered once their positions
+outnumber their ratings as much (re-rated and taken back ones leave theirs): amortized O(1) a change,
+memory bounded."""
+
+COMPACT_SLACK = 4096
+"""Positions a chain may hold beyond COMPACT_WASTE times its entries before that (small ones never)."""
+
+
 class LineIndex:
-    """The entries grouped by one coordinate (a row or a column): `order[indptr[i]:indptr[i + 1]]` are the
-    positions of line i's entries, in their original order."""
+    """The entries grouped by one coordinate (a row or a column): line i's entries are the positions
+    `buffer[start[i] : start[i] + count[i]]`, in increasing order (their original order).
+
+    Built compact (the lines back to back in line order: `order`, `indptr`). `changed` writes each line it
+    changes anew at the end of an append-only buffer shared along the chain of indexes (`_Store`) and
+    copies the (n_lines,) start and count arrays: a change costs the entries of the lines it touches plus
+    a copy of those arrays, not a pass over all N entries."""
 
     def __init__(self, line: IntArray, n_lines: int) -> None:
-        self.order: IntArray = stable_order(line, n_lines)
-        self.indptr: IntArray = np.zeros(n_lines + 1, dtype=np.int64)
-        np.cumsum(np.bincount(line, minlength=n_lines), out=self.indptr[1:])
+        order = stable_order(line, n_lines)
+        indptr = np.zeros(n_lines + 1, dtype=np.int64)
+        np.cumsum(np.bincount(line, minlength=n_lines), out=indptr[1:])
+        self._set(order, indptr[:-1], np.diff(indptr), None, (order, indptr))
+
+    def _set(
+        self,
+        buffer: IntArray,
+        start: IntArray,
+        count: IntArray,
+        store: _Store | None,
+        layout: tuple[IntArray, IntArray] | None,
+    ) -> None:
+        self.buffer, self.start, self.count, self._store = buffer, start, count, store
+        self.size = int(count.sum())
+        """How many entries the lines hold."""
+        self._layout = layout  # (order, indptr) once made: one attribute, set whole (readers share it)
+
+    @classmethod
+    def _compacted(cls, order: IntArray, indptr: IntArray) -> LineIndex:
+        out = cls.__new__(cls)
+        out._set(order, indptr[:-1], np.diff(indptr), None, (order, indptr))
+        return out
+
+    @property
+    def n_lines(self) -> int:
+        return len(self.start)
+
+    @property
+    def order(self) -> IntArray:
+        """Every line's positions, line after line: (size,), the compressed layout (made on first use
+        after a change, O(N), then kept)."""
+        return self._compressed()[0]
+
+    @property
+    def indptr(self) -> IntArray:
+        """(n_lines + 1,): line i's positions are order[indptr[i]:indptr[i + 1]]."""
+        return self._compressed()[1]
+
+    def _compressed(self) -> tuple[IntArray, IntArray]:
+        layout = self._layout
+        if layout is None:
+            indptr = np.zeros(self.n_lines + 1, dtype=np.int64)
+            np.cumsum(self.count, out=indptr[1:])
+            layout = self._layout = (self.members(np.arange(self.n_lines))[0], indptr)
+        return layout
 
     def of(self, line: int) -> IntArray:
         """Positions of the entries on one line."""
-        return self.order[self.indptr[line] : self.indptr[line + 1]]
+        start = self.start[line]
+        return self.buffer[start : start + self.count[line]]
 
     def counts(self, lines: IntArray) -> IntArray:
         """Number of entries on each of `lines`."""
-        return self.indptr[lines + 1] - self.indptr[lines]
+        return self.count[lines]
 
-    def appended(self, line: IntArray, first: int, n_lines: int) -> LineIndex:
-        """The index once entries on `line` (k,) were appended at positions first, first + 1, ...: each
-        goes after its line's existing entries, as a rebuild would put it, in O(N + k log k), no sort of
-        the N entries."""
-        grown = np.full(n_lines + 1, self.indptr[-1], dtype=np.int64)
-        grown[: len(self.indptr)] = self.indptr
-        out = LineIndex.__new__(LineIndex)
-        fresh = np.argsort(line, kind="stable")  # the appended entries by line, in position order
-        out.order = np.insert(self.order, grown[line[fresh] + 1], fresh + first)
-        counts = np.bincount(line, minlength=n_lines)
-        out.indptr = grown
-        out.indptr[1:] += np.cumsum(counts)
-        return out
+    def gather(self, lines: IntArray) -> tuple[IntArray, IntArray]:
+        """(owner, positions): the entries on each of `lines` (any, repeats allowed), line after line, each
+        with the index in `lines` of its line."""
+        owner, pos = ranges(self.start[lines], self.count[lines])
+        return owner, self.buffer[pos]
 
     def members(self, lines: IntArray) -> tuple[IntArray, IntArray]:
-        """Entries on each of the distinct `lines` (grouped, in line order) and their counts."""
-        starts, counts = self.indptr[lines], self.counts(lines)
-        return self.order[ranges(starts, counts)[1]], counts
+        """Entries on each of `lines` (line after line) and their counts."""
+        counts = self.count[lines]
+        return self.buffer[ranges(self.start[lines], counts)[1]], counts
+
+    def changed(
+        self, dropped: IntArray, dropped_lines: IntArray, lines: IntArray, first: int, n_lines: int
+    ) -> LineIndex:
+        """The index once the entries at positions `dropped` (on `dropped_lines`) are gone and entries on
+        `lines` (k,) are appended at positions first, first + 1, ... (past every existing one), in as many
+        lines as `n_lines` (at least as many as now): each changed line written anew, the rest shared."""
+        if n_lines < self.n_lines:
+            raise ValueError("an index can only grow")
+        dropped = np.asarray(dropped, dtype=np.int64)
+        lines = np.asarray(lines, dtype=np.int64)
+        touched = np.union1d(np.asarray(dropped_lines, dtype=np.int64), lines)
+        start = np.zeros(n_lines, dtype=np.int64)
+        count = np.zeros(n_lines, dtype=np.int64)
+        start[: self.n_lines], count[: self.n_lines] = self.start, self.count
+        owner, pos = ranges(start[touched], count[touched])
+        kept = self.buffer[pos]
+        if len(dropped):
+            stay = ~np.isin(kept, dropped)
+            owner, kept = owner[stay], kept[stay]
+        old = np.bincount(owner, minlength=len(touched))
+        fresh = np.argsort(lines, kind="stable")  # the appended entries by line, in position order
+        new_owner = np.searchsorted(touched, lines[fresh])
+        new = np.bincount(new_owner, minlength=len(touched))
+        total = old + new
+        offset = np.cumsum(total) - total  # each touched line's place in the segment written now
+        segment = np.empty(int(total.sum()), dtype=np.int64)
+        segment[offset[owner] + np.arange(len(kept)) - np.repeat(np.cumsum(old) - old, old)] = kept
+        rank = np.arange(len(fresh)) - np.repeat(np.cumsum(new) - new, new)
+        segment[offset[new_owner] + old[new_owner] + rank] = fresh + first
+        start[touched], count[touched] = len(self.buffer) + offset, total
+        buffer, store = _extended(self.buffer, self._store, segment)
+        out = LineIndex.__new__(LineIndex)
+        out._set(buffer, start, count, store, None)
+        if (
+            len(buffer) > COMPACT_WASTE * out.size + COMPACT_SLACK
+        ):  # rewritten compact: old copies of lines dropped
+            return LineIndex._compacted(*out._compressed())
+        return out
 
 
 @dataclass(frozen=True, eq=False)
 class Ratings:
-    """Ratings (rows[k], cols[k], values[k]) of an n_users x n_items matrix, indexed by row and column."""
+    """Ratings (rows[k], cols[k], values[k]) of an n_users x n_items matrix, indexed by row and column.
 
-    rows: IntArray  # (N,) int64
-    cols: IntArray  # (N,) int64
-    values: FloatArray  # (N,) float64
+    Built whole, every position holds a rating. `changed` never writes to a position: a re-rated pair
+    gets a new one (appended) and its old position leaves both indexes, as a retracted one does; such
+    positions stay in the arrays, out of every line. So `len` counts the ratings (the indexes' entries),
+    `len(rows)` the positions; what reads positions through the indexes reads the ratings alone, what
+    reads the whole arrays takes `compact()`."""
+
+    rows: IntArray  # (positions,) int64
+    cols: IntArray  # (positions,) int64
+    values: FloatArray  # (positions,) float64
     n_users: int
     n_items: int
     by_row: LineIndex = field(init=False, repr=False)
     by_col: LineIndex = field(init=False, repr=False)
     _labels: tuple[FloatArray, IntArray] | None = field(default=None, init=False, repr=False)
     """(levels, `labels(levels)`) once asked for: `changed` carries it forward for what it changed."""
+    _stores: tuple[_Store | None, ...] = field(default=(None,) * 4, init=False, repr=False)
+    """The append-only stores of rows, cols, values and labels (`_Store`), once `changed` made them."""
+    _compact: list[Ratings] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("rows", "cols"):
@@ -105,11 +234,31 @@ class Ratings:
         object.__setattr__(self, "by_col", LineIndex(self.cols, self.n_items))
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.by_row.size
+
+    @property
+    def whole(self) -> bool:
+        """Whether every position holds a rating (built whole, or changed by appending alone)."""
+        return self.by_row.size == len(self.rows)
+
+    def compact(self) -> Ratings:
+        """These ratings with a position each, in the order of their positions: itself when `whole`, else
+        built (O(N), kept)."""
+        if self.whole:
+            return self
+        if not self._compact:
+            live = np.sort(self.by_row.order)
+            out = Ratings(self.rows[live], self.cols[live], self.values[live], self.n_users, self.n_items)
+            if self._labels is not None:
+                labels = self._labels[1][live]
+                labels.flags.writeable = False
+                object.__setattr__(out, "_labels", (self._labels[0], labels))
+            self._compact.append(out)
+        return self._compact[0]
 
     def labels(self, levels: FloatArray) -> IntArray:
-        """The index of the level nearest to each value (`nearest_level`): (N,) int64, read-only, computed
-        once per levels; ratings made by `changed` compute only their changed and appended values'."""
+        """The index of the level nearest to each value (`nearest_level`): (positions,) int64, read-only,
+        computed once per levels; ratings made by `changed` compute only their new positions'."""
         held = self._labels
         if held is not None and np.array_equal(held[0], levels):
             return held[1]
@@ -127,40 +276,59 @@ class Ratings:
         added: FloatArray,
         n_users: int,
         n_items: int,
+        removed: IntArray | None = None,
     ) -> Ratings:
-        """These ratings with the values at positions `at` replaced by `values`, then (rows, cols, added)
-        appended (pairs not among them), in an n_users x n_items matrix at least as large: the same
-        entries in the same order as `Ratings` of the concatenated arrays, its indexes extended rather
-        than rebuilt (O(N) copies, no sort of the N ratings)."""
+        """These ratings with the pairs at positions `at` re-rated `values` and those at `removed` taken
+        back, then (rows, cols, added) added (pairs not among them), in an n_users x n_items matrix at
+        least as large. Positions are only appended (re-rated pairs at new ones, after the added ones'
+        order), the arrays and indexes shared along the chain (`_Store`, `LineIndex.changed`): the cost is
+        the batch's and its lines' entries, amortized, not the N ratings'. `compact()` of the result equals
+        `Ratings` of its ratings in that order."""
         if n_users < self.n_users or n_items < self.n_items:
             raise ValueError("the matrix can only grow")
         rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
         if len(rows) and (rows.min() < 0 or rows.max() >= n_users or cols.min() < 0 or cols.max() >= n_items):
             raise ValueError(f"rating indices outside the {n_users} x {n_items} matrix")
-        new_values = self.values.copy()
-        new_values[np.asarray(at, dtype=np.int64)] = values
+        at = np.asarray(at, dtype=np.int64)
+        removed = np.empty(0, dtype=np.int64) if removed is None else np.asarray(removed, dtype=np.int64)
+        dropped = np.concatenate([at, removed])
+        new_rows = np.concatenate([rows, self.rows[at]])
+        new_cols = np.concatenate([cols, self.cols[at]])
+        new_values = np.concatenate(
+            [np.asarray(added, dtype=np.float64), np.asarray(values, dtype=np.float64)]
+        )
+        first = len(self.rows)
+        stores = list(self._stores)
+        arrays = []
+        for k, (array, more) in enumerate(
+            zip((self.rows, self.cols, self.values), (new_rows, new_cols, new_values), strict=True)
+        ):
+            grown, stores[k] = _extended(array, stores[k], more)
+            arrays.append(grown)
         out = Ratings.__new__(Ratings)
-        first = len(self)
-        fields = {
-            "rows": np.concatenate([self.rows, rows]),
-            "cols": np.concatenate([self.cols, cols]),
-            "values": np.concatenate([new_values, np.asarray(added, dtype=np.float64)]),
+        fields: dict[str, object] = {
+            "rows": arrays[0],
+            "cols": arrays[1],
+            "values": arrays[2],
             "n_users": n_users,
             "n_items": n_items,
-            "by_row": self.by_row.appended(rows, first, n_users),
-            "by_col": self.by_col.appended(cols, first, n_items),
+            "by_row": self.by_row.changed(dropped, self.rows[dropped], new_rows, first, n_users),
+            "by_col": self.by_col.changed(dropped, self.cols[dropped], new_cols, first, n_items),
+            "_labels": None,
+            "_compact": [],
         }
-        if self._labels is not None:  # the labels carried forward: only those of the changed values anew
+        if self._labels is not None:  # the labels carried forward: the new positions' alone computed
             levels, old = self._labels
-            labels = np.concatenate([old, nearest_level(np.asarray(added, dtype=np.float64), levels)])
-            at = np.asarray(at, dtype=np.int64)
-            labels[at] = nearest_level(np.asarray(values, dtype=np.float64), levels)
+            labels, stores[3] = _extended(old, stores[3], nearest_level(new_values, levels))
             labels.flags.writeable = False
             fields["_labels"] = (levels, labels)
-        else:
-            fields["_labels"] = None
+        fields["_stores"] = tuple(stores)
         for name, value in fields.items():
             object.__setattr__(out, name, value)
+        if (
+            len(out.rows) > COMPACT_WASTE * len(out) + COMPACT_SLACK
+        ):  # positions renumbered: the dead ones dropped
+            return out.compact()
         return out
 
     def dense_rows(self, users: IntArray) -> np.ndarray:
@@ -174,13 +342,13 @@ class Ratings:
     def csr_arrays(self, by: str = "row") -> tuple[FloatArray, IntArray, IntArray]:
         """(data, indices, indptr) of the matrix compressed by row (or, `by="col"`, of its transpose)."""
         index, minor = (self.by_row, self.cols) if by == "row" else (self.by_col, self.rows)
-        return self.values[index.order], minor[index.order], index.indptr
+        order = index.order
+        return self.values[order], minor[order], index.indptr
 
 
 def _dense(index: LineIndex, minor: IntArray, values: FloatArray, lines: IntArray, width: int) -> np.ndarray:
     lines = np.asarray(lines, dtype=np.int64)
     out = np.zeros((len(lines), width), dtype=np.float32)
-    owner, pos = ranges(index.indptr[lines], index.counts(lines))
-    members = index.order[pos]
+    owner, members = index.gather(lines)
     out[owner, minor[members]] = values[members]
     return out

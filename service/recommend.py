@@ -42,6 +42,7 @@ def shrunk_means(known: Ratings, n_items: int, shrinkage: float = POPULAR_SHRINK
     rating (an item nobody rated scores mu)."""
     if len(known) == 0:
         return np.zeros(n_items, dtype=np.float64)
+    known = known.compact()  # the whole arrays: one position per rating
     mu = float(known.values.mean())
     sums = np.bincount(known.cols, weights=known.values, minlength=n_items)[:n_items]
     counts = np.bincount(known.cols, minlength=n_items)[:n_items]

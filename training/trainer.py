@@ -25,7 +25,7 @@ from tqdm import tqdm
 from model.config import ModelConfig
 from model.engine import nearest_level
 from model.network import DCMC, RatingInput, SparseRows
-from model.ratings import LineIndex, Ratings, ranges
+from model.ratings import LineIndex, Ratings
 from training.config import TrainConfig
 from training.data import Entries
 from training.errors import TrainingError
@@ -98,9 +98,7 @@ def _lines(
     index: LineIndex, minor: np.ndarray, values: np.ndarray, lines: np.ndarray, width: int
 ) -> SparseRows:
     lines = np.asarray(lines, dtype=np.int64)
-    counts = index.counts(lines)
-    _, pos = ranges(index.indptr[lines], counts)
-    members = index.order[pos]
+    members, counts = index.members(lines)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return SparseRows(indptr, minor[members], torch.from_numpy(values[members]), width)
 

@@ -656,12 +656,15 @@ def co_rating_rows(
     touches, plus O(m), not O(n m). `mean` (n,) replaces the means that centre the ratings (the table's
     own, for rows that must not depend on other ratings); `by_row`, `by_col`: the ratings' line indexes,
     when the caller has them."""
-    if mean is None:
-        mean = np.bincount(rows, weights=values, minlength=n) / np.maximum(np.bincount(rows, minlength=n), 1)
-    centred = values - mean[rows]
-    norms = np.sqrt(np.bincount(cols, weights=centred * centred, minlength=m))
     by_row = LineIndex(rows, n) if by_row is None else by_row
     by_col = LineIndex(cols, m) if by_col is None else by_col
+    live = by_row.order  # the ratings' positions by row (positions out of the indexes hold none)
+    live_rows, live_cols = rows[live], cols[live]
+    if mean is None:
+        sums = np.bincount(live_rows, weights=values[live], minlength=n)
+        mean = sums / np.maximum(np.bincount(live_rows, minlength=n), 1)
+    centred = values - mean[rows]
+    norms = np.sqrt(np.bincount(live_cols, weights=centred[live] ** 2, minlength=m))
     targets = np.asarray(targets, dtype=np.int64)
     index_type = _index_type(max(n, m, len(rows)))
     # The targets' columns as rows of the (m, n) transpose, times the (n, m) matrix: their products with
@@ -670,15 +673,15 @@ def co_rating_rows(
     mine, counts = by_col.members(targets)
     ptr = np.r_[0, np.cumsum(counts)].astype(index_type)
     picked = rows[mine].astype(index_type)
-    whole = (centred[by_row.order], cols[by_row.order].astype(index_type), by_row.indptr.astype(index_type))
-    ones = np.ones(len(rows))
+    whole = (centred[live], live_cols.astype(index_type), by_row.indptr.astype(index_type))
+    ones = np.ones(max(len(live), len(mine)))
     num = (
         sp.csr_matrix((centred[mine], picked, ptr), shape=(len(targets), n))
         @ sp.csr_matrix(whole, shape=(n, m))
     ).toarray()
     co = (
         sp.csr_matrix((ones[: len(mine)], picked, ptr), shape=(len(targets), n))
-        @ sp.csr_matrix((ones, whole[1], whole[2]), shape=(n, m))
+        @ sp.csr_matrix((ones[: len(live)], whole[1], whole[2]), shape=(n, m))
     ).toarray()
     rho = num / np.maximum(norms[targets, None] * norms[None, :], 1e-12) * (co / (co + shrink))
     out: FloatArray = np.maximum(rho, 0.0) ** power

@@ -264,7 +264,7 @@ def affinity_messages(
     one = one_row(rows)
     if out is not None:
         if one is not None and in_order(cols, len(cols)):
-            members = index.order[index.indptr[one] : index.indptr[one + 1]]
+            members = index.of(one)
             vals = weight * member_weights(weights, members, with_total)
             affinity.add_weighted_lines(out, known_other[members], vals)
         else:
@@ -272,7 +272,7 @@ def affinity_messages(
         return out
     p = weights.shape[1] + int(with_total)
     if one is not None and 4 * len(rows) > len(affinity):  # one user's catalogue: no scatter
-        members = index.order[index.indptr[one] : index.indptr[one + 1]]
+        members = index.of(one)
         vals = member_weights(weights, members, with_total)
         whole: np.ndarray = affinity.weighted_lines(known_other[members], vals)[cols]
         return whole
@@ -281,7 +281,7 @@ def affinity_messages(
     if len(users) <= FEW_USERS:
         for i, user in enumerate(users):
             mine = np.flatnonzero(inverse == i)
-            members = index.order[index.indptr[user] : index.indptr[user + 1]]
+            members = index.of(user)
             vals = member_weights(weights, members, with_total)
             if 4 * len(mine) > len(affinity):
                 # Most of the table's columns asked for (a top-N over the catalogue): whole rows of the
@@ -290,14 +290,13 @@ def affinity_messages(
             else:
                 out[mine] = affinity.block(cols[mine], known_other[members]) @ vals
         return out
-    per_query = index.indptr[rows + 1] - index.indptr[rows]
+    per_query = index.counts(rows)
     ends = np.cumsum(per_query)
     lo = 0
     while lo < len(rows):  # queries in chunks of about PAIR_CHUNK pairs
         hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - per_query[lo] + PAIR_CHUNK, side="right")))
         count = per_query[lo:hi]
-        owner, pos = ranges(index.indptr[rows[lo:hi]], count)
-        members = index.order[pos]
+        owner, members = index.gather(rows[lo:hi])
         w = affinity.pairs(cols[lo:hi][owner], known_other[members])
         vals = member_weights(weights, members, with_total)
         out[lo:hi] = _segment_sums(w[:, None] * vals, count)
@@ -316,6 +315,11 @@ class ColumnMajor:
     levels: list[sp.csr_matrix]
     by_label: sp.csr_matrix | None = None
     compat: FloatArray | None = None
+    changes: tuple[sp.csr_matrix, ...] = ()
+    """Online changes to `by_label` since it was built: signed matrices of ones (+1 an entry that joined,
+    -1 one that left), a few of geometrically growing size (`changed`), read beside it."""
+    rows: int = 0
+    """The rows of the by_label form now, m p (more than by_label's once items were added)."""
 
     @classmethod
     def _of_sorted(cls, t_sorted: FloatArray, known: Ratings) -> ColumnMajor:
@@ -329,7 +333,7 @@ class ColumnMajor:
 
     @classmethod
     def of(cls, t: Distributions, known: Ratings) -> ColumnMajor:
-        """The entries of `known` (with distributions t (N, p) in its order) sorted by item."""
+        """The entries of `known` (with distributions t (positions, p) by position) sorted by item."""
         return cls._of_sorted(np.ascontiguousarray(t[known.by_col.order].T), known)
 
     @classmethod
@@ -339,19 +343,69 @@ class ColumnMajor:
         """Entries clamped to their labels, t = compat[labels]: the `by_label` form (`matrix`: their
         `label_matrix`, when the caller has it; it does not depend on compat)."""
         by_label = cls.label_matrix(known, labels, len(compat)) if matrix is None else matrix
-        return cls([], by_label, np.asarray(compat, dtype=np.float64))
+        return cls([], by_label, np.asarray(compat, dtype=np.float64), (), by_label.shape[0])
 
     @staticmethod
     def label_matrix(known: Ratings, labels: IntArray, p: int) -> sp.csr_matrix:
         """The (m p, n) matrix of ones whose row j p + v holds the users of column j's entries labelled v."""
-        keys = known.cols * p + labels
-        order = stable_order(keys, known.n_items * p)
+        live = known.by_col.order  # the ratings' positions, by column
+        keys = known.cols[live] * p + labels[live]
+        order = live[stable_order(keys, known.n_items * p)]
         index_type = _index_type(max(known.n_users, known.n_items * p + 1, len(known)))
         counts = np.bincount(keys, minlength=known.n_items * p)
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(index_type)
         indices = known.rows[order].astype(index_type)
         shape = (known.n_items * p, known.n_users)
         return sp.csr_matrix((np.ones(len(order)), indices, indptr), shape=shape, copy=False)
+
+    def changed(
+        self,
+        left: tuple[IntArray, IntArray, IntArray],
+        joined: tuple[IntArray, IntArray, IntArray],
+        known: Ratings,
+        labels: IntArray,
+    ) -> ColumnMajor:
+        """The `by_label` form once the entries `left` (rows, cols, labels) left and `joined` joined the
+        known ratings, now `known` (labels `labels`, by position): a signed matrix of the change beside
+        the others, the two last merged while the last is at least half the one before (so a change joins
+        O(log) merges, amortized), and `by_label` built anew from `known` once the changes hold more than
+        CHANGES_REBUILT of its entries (O(N), amortized O(1) a change)."""
+        assert self.by_label is not None and self.compat is not None
+        p = len(self.compat)
+        shape = (known.n_items * p, known.n_users)
+        rows = np.concatenate([left[0], joined[0]])
+        keys = np.concatenate([left[1] * p + left[2], joined[1] * p + joined[2]])
+        signs = np.concatenate([-np.ones(len(left[0])), np.ones(len(joined[0]))])
+        change = sp.csr_matrix((signs, (keys, rows)), shape=shape)  # duplicates summed
+        change.eliminate_zeros()  # entries that left and joined unchanged
+        changes = [*self.changes, change] if change.nnz else list(self.changes)
+        while len(changes) > 1 and 2 * changes[-1].nnz >= changes[-2].nnz:
+            last = changes.pop()
+            merged = _resized(changes.pop(), shape) + _resized(last, shape)
+            merged.eliminate_zeros()
+            changes.append(merged)
+        if sum(c.nnz for c in changes) > CHANGES_REBUILT * max(len(known), 1):
+            return ColumnMajor.clamped(known, labels, self.compat)
+        return ColumnMajor([], self.by_label, self.compat, tuple(changes), shape[0])
+
+
+CHANGES_REBUILT = 0.25
+"""`ColumnMajor.changed` builds `by_label` anew once its changes hold this share of the known entries."""
+
+
+def _resized(matrix: sp.csr_matrix, shape: tuple[int, int]) -> sp.csr_matrix:
+    """A csr matrix grown to `shape` with empty rows and columns (it shares the data)."""
+    if matrix.shape == shape:
+        return matrix
+    indptr = np.concatenate([matrix.indptr, np.full(shape[0] - matrix.shape[0], matrix.indptr[-1])])
+    return sp.csr_matrix((matrix.data, matrix.indices, indptr), shape=shape)
+
+
+def _product(matrix: sp.csr_matrix, e: FloatArray) -> FloatArray:
+    """matrix @ e over the columns it has (users past them added since it was built have no entries in it);
+    its rows as many as it has (the caller's longer result padded)."""
+    out: FloatArray = matrix @ e[: matrix.shape[1]]
+    return out
 
 
 @dataclass(frozen=True)
@@ -389,12 +443,19 @@ def column_pass(columns: ColumnMajor, e_other: FloatArray, with_total: bool) -> 
     take one such product for all levels (their per-label sums, times C)."""
     if columns.by_label is not None and columns.compat is not None:
         p = len(columns.compat)
-        sums = (columns.by_label @ e_other).reshape(-1, p)  # (m, p): per column, per label
+        by_label = columns.by_label
+        if columns.rows > by_label.shape[0] or columns.changes:
+            sums = np.zeros(columns.rows)
+            for matrix in (by_label, *columns.changes):  # with the online changes since it was built
+                sums[: matrix.shape[0]] += _product(matrix, e_other)
+        else:
+            sums = _product(by_label, e_other)
+        per_label = sums.reshape(-1, p)  # (m, p): per column, per label
         # t_l[u] = C[label_l, u], and the total is each column's sum over the labels: one product with
         # [C | 1] (a strided write of sums @ C and a level-by-level total cost three times as long).
         compat = np.hstack([columns.compat, np.ones((p, 1))]) if with_total else columns.compat
         # Level-major (Fortran order): what adds to it and reads it does so column by column (a catalogue).
-        out: FloatArray = (compat.T @ sums.T).T
+        out: FloatArray = (compat.T @ per_label.T).T
         return out
     levels = columns.levels if with_total else columns.levels[:-1]
     out = np.empty((levels[0].shape[0], len(levels)))

@@ -192,6 +192,8 @@ class ExactScorer:
         stored: StoredField | None = None,
         parts: ExactParts | None = None,
     ) -> None:
+        if parts is None:
+            known = known.compact()  # what reads the whole arrays below: one position per rating
         self.network, self.known, self.crf = network, known, crf
         self.kernel, self.output = kernel, output
         if parts is not None and (parts.network is not network or parts.known is not known):
@@ -305,15 +307,18 @@ class ExactScorer:
             / (network.n_users * network.n_items)
         )
         if self.kernel.known == "clamped" and self.kernel.scaling != "scaled":
-            moved = self._terms_moved(new, users, items)  # their new terms less their old ones
+            left, joined = self._entries(users, items), new._entries(users, items)
+            moved = self._terms_moved(new, left, joined, len(items) > 0)  # new terms less the old ones
             lines_on = new.lines is not None and new.lines.active
             labels = known.labels(network.levels)
             t_all = ClampedRows(labels, self.compat) if lines_on else None
-            columns = (
-                ColumnMajor.clamped(known, labels, self.compat)
-                if new.lines is not None and new.lines.column_terms
-                else None
-            )
+            columns = None
+            if new.lines is not None and new.lines.column_terms:
+                held = self.field.columns
+                if held is not None and held.by_label is not None:  # the entries on those lines changed
+                    columns = held.changed(left, joined, known, labels)
+                else:
+                    columns = ColumnMajor.clamped(known, labels, self.compat)
             new.field = KnownField(
                 g=self.field.g + moved[:-1],
                 h=self.field.h + moved[-1],
@@ -323,7 +328,10 @@ class ExactScorer:
                 interp=self.field.interp,
                 columns=columns,
             )
-        else:
+        else:  # recomputed over the whole arrays: one position per rating
+            new.known = known = known.compact()
+            if new.lines is not None:
+                new.lines = dataclasses.replace(new.lines, known=known)
             new.field = new._known_field(scale)
         new.field_source = "online"
         if self.biases is not None:
@@ -344,14 +352,21 @@ class ExactScorer:
         pos = np.union1d(on_rows, on_cols)
         return known.rows[pos], known.cols[pos], known.labels(self.network.levels)[pos]
 
-    def _terms_moved(self, new: ExactScorer, users: IntArray, items: IntArray) -> FloatArray:
-        """What the clamped field's (G, H) gain from `self` to `new` by the known entries on the rows
-        `users` or the columns `items`: their terms sum_l t_l a_{i_l} b_{j_l}^T in `new` less those in
-        `self`: (p + 1, D, D). Where no item embedding changed, one `clamped_sums` of both sets (the old
-        ones weighted -1, each user's old and new embedding as rows of their own); else two."""
-        old_rows, old_cols, old_labels = self._entries(users, items)
-        new_rows, new_cols, new_labels = new._entries(users, items)
-        if len(items):
+    def _terms_moved(
+        self,
+        new: ExactScorer,
+        left: tuple[IntArray, IntArray, IntArray],
+        joined: tuple[IntArray, IntArray, IntArray],
+        items_changed: bool,
+    ) -> FloatArray:
+        """What the clamped field's (G, H) gain from `self` to `new` by the known entries on the rows and
+        columns that changed (`_entries` of both: `left`, `joined`): their terms sum_l t_l a_{i_l}
+        b_{j_l}^T in `new` less those in `self`: (p + 1, D, D). Where no item embedding changed, one
+        `clamped_sums` of both sets (the old ones weighted -1, each user's old and new embedding as rows of
+        their own); else two."""
+        old_rows, old_cols, old_labels = left
+        new_rows, new_cols, new_labels = joined
+        if items_changed:
             old = clamped_sums(
                 self.user_lifted, self.item_lifted, old_rows, old_cols, old_labels, self.compat
             )

@@ -780,3 +780,57 @@ def test_a_dense_table_grown_past_the_limit_becomes_sparse(monkeypatch: pytest.M
     fresh[0, [1, 2]] = [0.9, 0.4]
     again = sparse.with_lines(np.array([12]), fresh).toarray()
     assert again[12, 1] == again[1, 12] == 0.9
+
+
+def test_column_major_changes_equal_a_rebuilt_by_label_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The clamped column-major form follows the known ratings by signed change matrices (merged as they
+    # grow, rebuilt past CHANGES_REBUILT): every column's per-label sums equal those of one built afresh.
+    monkeypatch.setattr("model.ratings.COMPACT_SLACK", 0)
+    rng = np.random.default_rng(5)
+    n, m, levels = 25, 12, np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    compat = rng.random((5, 5))
+    rows, cols = np.nonzero(rng.random((n, m)) < 0.3)
+    known = Ratings(rows, cols, rng.integers(1, 6, len(rows)).astype(float), n, m)
+    columns = messages.ColumnMajor.clamped(known, known.labels(levels), compat)
+    rebuilt_once = False
+    for step in range(60):
+        grow_n, grow_m = n + step // 20, m + step // 30  # users and items added now and then
+        users = np.unique(rng.integers(0, grow_n, 3))
+        pairs = {
+            (int(u), int(j)): float(rng.integers(1, 6)) for u in users for j in rng.integers(0, grow_m, 2)
+        }
+        at, values, new_rows, new_cols, added = [], [], [], [], []
+        for (u, j), v in pairs.items():
+            pos = known.by_row.of(u) if u < known.n_users else np.empty(0, dtype=np.int64)
+            hit = pos[known.cols[pos] == j]
+            if len(hit):
+                at.append(int(hit[0]))
+                values.append(v)
+            else:
+                new_rows.append(u)
+                new_cols.append(j)
+                added.append(v)
+        removed = known.by_row.of(int(users[0]))[:1] if step % 5 == 0 else np.empty(0, dtype=np.int64)
+        removed = np.setdiff1d(removed, at)
+
+        def entries(r: Ratings, users: np.ndarray = users) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            pos, _ = r.by_row.members(users[users < r.n_users])
+            return r.rows[pos], r.cols[pos], r.labels(levels)[pos]
+
+        left = entries(known)
+        known = known.changed(
+            np.array(at, dtype=np.int64), np.array(values), np.array(new_rows, dtype=np.int64),
+            np.array(new_cols, dtype=np.int64), np.array(added), grow_n, grow_m, removed,
+        )  # fmt: skip
+        columns = columns.changed(left, entries(known), known, known.labels(levels))
+        rebuilt_once |= not columns.changes
+        fresh = messages.ColumnMajor.clamped(known.compact(), known.compact().labels(levels), compat)
+        e = rng.random(known.n_users)
+        for with_total in (False, True):
+            np.testing.assert_allclose(
+                messages.column_pass(columns, e, with_total),
+                messages.column_pass(fresh, e, with_total),
+                rtol=1e-12,
+                atol=1e-12,
+            )
+    assert rebuilt_once

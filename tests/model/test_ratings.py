@@ -140,6 +140,13 @@ def test_a_network_with_changed_rows_equals_one_built_from_its_embeddings() -> N
         net.with_rows(new_user[:5], new_item, np.array([1]), np.array([], dtype=np.int64))
 
 
+def _same_lines(got: Ratings, want: Ratings) -> None:
+    """Both hold the same ratings on every line, in the same order."""
+    for by in ("row", "col"):
+        for got_part, want_part in zip(got.csr_arrays(by), want.csr_arrays(by), strict=True):
+            np.testing.assert_array_equal(got_part, want_part)
+
+
 def test_changed_ratings_equal_ratings_built_from_their_arrays() -> None:
     before = _ratings(3)
     at = np.array([0, 4])
@@ -152,22 +159,31 @@ def test_changed_ratings_equal_ratings_built_from_their_arrays() -> None:
         8,
         5,
     )
-    values = before.values.copy()
-    values[at] = [5.0, 1.0]
+    # The re-rated pairs move to new positions after the added ones; their old positions hold nothing.
+    keep = np.ones(len(before), dtype=bool)
+    keep[at] = False
     rebuilt = Ratings(
-        np.r_[before.rows, 6, 0, 7, 6],
-        np.r_[before.cols, 4, 4, 1, 0],
-        np.r_[values, 2.0, 3.0, 4.0, 5.0],
+        np.r_[before.rows[keep], 6, 0, 7, 6, before.rows[at]],
+        np.r_[before.cols[keep], 4, 4, 1, 0, before.cols[at]],
+        np.r_[before.values[keep], 2.0, 3.0, 4.0, 5.0, 5.0, 1.0],
         8,
         5,
     )
+    assert len(grown) == len(rebuilt) == len(before) + 4 and len(grown.rows) == len(before) + 6
+    assert not grown.whole and grown.compact().whole
     for name in ("rows", "cols", "values"):
-        np.testing.assert_array_equal(getattr(grown, name), getattr(rebuilt, name))
-    for index in ("by_row", "by_col"):
-        np.testing.assert_array_equal(getattr(grown, index).order, getattr(rebuilt, index).order)
+        np.testing.assert_array_equal(getattr(grown.compact(), name), getattr(rebuilt, name))
+    _same_lines(grown, rebuilt)
+    for index in ("by_row", "by_col"):  # the compressed layout, made from the changed lines
+        np.testing.assert_array_equal(getattr(grown.compact(), index).order, getattr(rebuilt, index).order)
         np.testing.assert_array_equal(getattr(grown, index).indptr, getattr(rebuilt, index).indptr)
     # the original is left as it was
     np.testing.assert_array_equal(before.values, _ratings(3).values)
+    _same_lines(before, _ratings(3))
+    # taken back: out of both indexes
+    fewer = grown.changed(at[:0], at[:0], at[:0], at[:0], at[:0], 8, 5, removed=grown.by_row.of(7))
+    assert len(fewer) == len(grown) - 1 and fewer.by_row.counts(np.array([7])).tolist() == [0]
+    assert 7 not in fewer.rows[fewer.by_col.of(1)].tolist()
     # labels asked for before the change are carried forward: equal to those computed afresh
     levels = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     labelled = _ratings(3)
@@ -177,12 +193,81 @@ def test_changed_ratings_equal_ratings_built_from_their_arrays() -> None:
         at, np.array([5.0, 1.0]), np.array([6, 0, 7, 6]), np.array([4, 4, 1, 0]),
         np.array([2.0, 3.0, 4.0, 5.0]), 8, 5,
     )  # fmt: skip
-    np.testing.assert_array_equal(carried.labels(levels), nearest_level(rebuilt.values, levels))
-    np.testing.assert_array_equal(grown.labels(levels), nearest_level(rebuilt.values, levels))
+    live = np.sort(grown.by_row.order)  # the positions that hold a rating, in order
+    np.testing.assert_array_equal(carried.labels(levels)[live], nearest_level(rebuilt.values, levels))
+    np.testing.assert_array_equal(grown.labels(levels)[live], nearest_level(rebuilt.values, levels))
     np.testing.assert_array_equal(first, nearest_level(_ratings(3).values, levels))  # the original's kept
     halves = np.arange(1.0, 5.5, 0.5)  # other levels: computed for them
-    np.testing.assert_array_equal(carried.labels(halves), nearest_level(rebuilt.values, halves))
+    np.testing.assert_array_equal(carried.labels(halves)[live], nearest_level(rebuilt.values, halves))
     with pytest.raises(ValueError, match="outside"):
-        before.changed(at[:0], values[:0], np.array([9]), np.array([0]), np.array([1.0]), 8, 5)
+        before.changed(at[:0], at[:0], np.array([9]), np.array([0]), np.array([1.0]), 8, 5)
     with pytest.raises(ValueError, match="grow"):
-        before.changed(at[:0], values[:0], at[:0], at[:0], values[:0], 6, 5)
+        before.changed(at[:0], at[:0], at[:0], at[:0], at[:0], 6, 5)
+
+
+def test_a_chain_of_changes_keeps_every_earlier_state_and_compacts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ratings changed batch after batch (re-ratings, new pairs, retractions) share append-only arrays:
+    # each state must equal a rebuild of its ratings and stay so while later ones are made, through the
+    # stores' growth and the compactions that drop old positions.
+    monkeypatch.setattr("model.ratings.COMPACT_SLACK", 0)  # compact as soon as old positions are half
+    rng = np.random.default_rng(11)
+    n, m = 30, 20
+    ratings = Ratings(np.array([0, 1]), np.array([0, 1]), np.array([3.0, 4.0]), n, m)
+    truth = {(0, 0): 3.0, (1, 1): 4.0}
+    levels = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    ratings.labels(levels)
+    states: list[tuple[Ratings, dict[tuple[int, int], float]]] = []
+    compacted = 0
+    for _ in range(300):
+        pairs = {(int(i), int(j)): float(rng.integers(1, 6)) for i, j in rng.integers(0, (n, m), (6, 2))}
+        gone = [pair for pair in list(truth)[:: max(1, len(truth) // 2)] if rng.random() < 0.3]
+        at, values, rows, cols, added, removed = [], [], [], [], [], []
+        for (i, j), value in pairs.items():
+            pos = ratings.by_row.of(i)
+            hit = pos[ratings.cols[pos] == j]
+            if len(hit):
+                at.append(int(hit[0]))
+                values.append(value)
+            else:
+                rows.append(i)
+                cols.append(j)
+                added.append(value)
+        for i, j in gone:
+            if (i, j) not in pairs:
+                pos = ratings.by_row.of(i)
+                removed += pos[ratings.cols[pos] == j].tolist()
+                truth.pop((i, j))
+        truth.update(pairs)
+        before = len(ratings.rows)
+        ratings = ratings.changed(
+            np.array(at, dtype=np.int64), np.array(values), np.array(rows, dtype=np.int64),
+            np.array(cols, dtype=np.int64), np.array(added), n, m, np.array(removed, dtype=np.int64),
+        )  # fmt: skip
+        compacted += len(ratings.rows) < before
+        states.append((ratings, dict(truth)))
+    assert compacted > 0  # the old positions were dropped at least once
+    for state, expected in states[::7] + states[-3:]:
+        whole = state.compact()
+        got = {
+            (int(i), int(j)): float(v) for i, j, v in zip(whole.rows, whole.cols, whole.values, strict=True)
+        }
+        assert got == expected and len(state) == len(expected)
+        rebuilt = Ratings(whole.rows, whole.cols, whole.values, n, m)
+        _same_lines(state, rebuilt)
+        live = np.sort(state.by_row.order)
+        np.testing.assert_array_equal(state.labels(levels)[live], nearest_level(whole.values, levels))
+        np.testing.assert_array_equal(state.dense_rows(np.arange(n)), rebuilt.dense_rows(np.arange(n)))
+        np.testing.assert_array_equal(state.dense_cols(np.arange(m)), rebuilt.dense_cols(np.arange(m)))
+
+
+def test_an_older_index_is_not_extended_in_place() -> None:
+    # A change made from an index that is not the last of its chain copies rather than overwrite what the
+    # last one appended.
+    index = LineIndex(np.array([0, 1, 0]), 3)
+    first = index.changed(np.array([], dtype=np.int64), np.array([], dtype=np.int64), np.array([2]), 3, 3)
+    second = first.changed(np.array([0]), np.array([0]), np.array([1]), 4, 3)
+    branch = first.changed(np.array([], dtype=np.int64), np.array([], dtype=np.int64), np.array([2]), 4, 3)
+    assert second.of(0).tolist() == [2] and second.of(1).tolist() == [1, 4] and second.of(2).tolist() == [3]
+    assert branch.of(2).tolist() == [3, 4] and branch.of(1).tolist() == [1]
+    assert first.of(0).tolist() == [0, 2] and first.of(2).tolist() == [3]
+    assert index.of(2).tolist() == [] and index.order.tolist() == [0, 2, 1]
