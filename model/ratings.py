@@ -43,10 +43,11 @@ class _Store:
     or into a larger copy, the old array left to the views that hold it) never changes what an earlier
     one reads. One writer at a time (the fold-in's lock)."""
 
-    __slots__ = ("array", "fill")
+    __slots__ = ("array", "fill", "last")
 
     def __init__(self, array: np.ndarray, fill: int) -> None:
         self.array, self.fill = array, fill
+        self.last: object = None  # what the chain's last member says it is (`LineIndex`)
 
 
 def _extended(view: np.ndarray, store: _Store | None, more: np.ndarray) -> tuple[np.ndarray, _Store]:
@@ -99,11 +100,17 @@ class LineIndex:
         count: IntArray,
         store: _Store | None,
         layout: tuple[IntArray, IntArray] | None,
+        room: IntArray | None = None,
     ) -> None:
         self.buffer, self.start, self.count, self._store = buffer, start, count, store
+        self.room = count if room is None else room
+        """(n_lines,) the slots each line has from its start (its entries, then room for more)."""
         self.size = int(count.sum())
         """How many entries the lines hold."""
         self._layout = layout  # (order, indptr) once made: one attribute, set whole (readers share it)
+        self._token = object()
+        if store is not None:
+            store.last = self._token  # the last index of the chain: the one that may append in place
 
     @classmethod
     def _compacted(cls, order: IntArray, indptr: IntArray) -> LineIndex:
@@ -159,37 +166,53 @@ class LineIndex:
     ) -> LineIndex:
         """The index once the entries at positions `dropped` (on `dropped_lines`) are gone and entries on
         `lines` (k,) are appended at positions first, first + 1, ... (past every existing one), in as many
-        lines as `n_lines` (at least as many as now): each changed line written anew, the rest shared."""
+        lines as `n_lines` (at least as many as now). A line written anew gets as much room again after
+        its entries: the next entries appended to it go there, in place (an index made earlier reads
+        only its own count of them), as long as this index is the last of its chain; a line that loses
+        entries, or has no room left, is written anew. The rest is shared."""
         if n_lines < self.n_lines:
             raise ValueError("an index can only grow")
         dropped = np.asarray(dropped, dtype=np.int64)
         lines = np.asarray(lines, dtype=np.int64)
-        touched = np.union1d(np.asarray(dropped_lines, dtype=np.int64), lines)
-        start = np.zeros(n_lines, dtype=np.int64)
-        count = np.zeros(n_lines, dtype=np.int64)
-        start[: self.n_lines], count[: self.n_lines] = self.start, self.count
+        dropped_lines = np.unique(np.asarray(dropped_lines, dtype=np.int64))
+        start, count, room = (np.zeros(n_lines, dtype=np.int64) for _ in range(3))
+        start[: self.n_lines], count[: self.n_lines], room[: self.n_lines] = self.start, self.count, self.room
+        fresh = np.argsort(lines, kind="stable")  # the appended entries by line, in position order
+        by_line = lines[fresh]
+        targets, first_of, per_line = np.unique(by_line, return_index=True, return_counts=True)
+        rank = np.arange(len(fresh)) - np.repeat(first_of, per_line)
+        store = self._store
+        last = store is not None and store.last is self._token and store.fill == len(self.buffer)
+        fits = (count[targets] + per_line <= room[targets]) & ~np.isin(targets, dropped_lines) & last
+        if fits.any():  # into the lines' room, past what earlier indexes read
+            where = np.repeat(fits, per_line)
+            line_of = np.repeat(np.arange(len(targets)), per_line)[where]
+            self.buffer[start[targets][line_of] + count[targets][line_of] + rank[where]] = (
+                fresh[where] + first
+            )
+            count[targets[fits]] += per_line[fits]
+        touched = np.union1d(dropped_lines, targets[~fits])
+        appended = np.isin(by_line, touched)
         owner, pos = ranges(start[touched], count[touched])
         kept = self.buffer[pos]
         if len(dropped):
             stay = ~np.isin(kept, dropped)
             owner, kept = owner[stay], kept[stay]
         old = np.bincount(owner, minlength=len(touched))
-        fresh = np.argsort(lines, kind="stable")  # the appended entries by line, in position order
-        new_owner = np.searchsorted(touched, lines[fresh])
+        new_owner = np.searchsorted(touched, by_line[appended])
         new = np.bincount(new_owner, minlength=len(touched))
         total = old + new
-        offset = np.cumsum(total) - total  # each touched line's place in the segment written now
-        segment = np.empty(int(total.sum()), dtype=np.int64)
+        space = 2 * total  # each line written anew: its entries, then as much room
+        offset = np.cumsum(space) - space  # each touched line's place in the segment written now
+        segment = np.full(int(space.sum()), -1, dtype=np.int64)
         segment[offset[owner] + np.arange(len(kept)) - np.repeat(np.cumsum(old) - old, old)] = kept
-        rank = np.arange(len(fresh)) - np.repeat(np.cumsum(new) - new, new)
-        segment[offset[new_owner] + old[new_owner] + rank] = fresh + first
-        start[touched], count[touched] = len(self.buffer) + offset, total
-        buffer, store = _extended(self.buffer, self._store, segment)
+        new_rank = np.arange(len(new_owner)) - np.repeat(np.cumsum(new) - new, new)
+        segment[offset[new_owner] + old[new_owner] + new_rank] = fresh[appended] + first
+        start[touched], count[touched], room[touched] = len(self.buffer) + offset, total, space
+        buffer, store = _extended(self.buffer, store, segment)
         out = LineIndex.__new__(LineIndex)
-        out._set(buffer, start, count, store, None)
-        if (
-            len(buffer) > COMPACT_WASTE * out.size + COMPACT_SLACK
-        ):  # rewritten compact: old copies of lines dropped
+        out._set(buffer, start, count, store, None, room)
+        if len(buffer) > COMPACT_WASTE * 2 * out.size + COMPACT_SLACK:  # old copies of lines dropped
             return LineIndex._compacted(*out._compressed())
         return out
 
@@ -247,7 +270,9 @@ class Ratings:
         if self.whole:
             return self
         if not self._compact:
-            live = np.sort(self.by_row.order)
+            held = np.zeros(len(self.rows), dtype=bool)
+            held[self.by_row.order] = True
+            live = np.flatnonzero(held)  # the positions that hold a rating, in order
             out = Ratings(self.rows[live], self.cols[live], self.values[live], self.n_users, self.n_items)
             if self._labels is not None:
                 labels = self._labels[1][live]

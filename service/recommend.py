@@ -42,10 +42,12 @@ def shrunk_means(known: Ratings, n_items: int, shrinkage: float = POPULAR_SHRINK
     rating (an item nobody rated scores mu)."""
     if len(known) == 0:
         return np.zeros(n_items, dtype=np.float64)
-    known = known.compact()  # the whole arrays: one position per rating
-    mu = float(known.values.mean())
-    sums = np.bincount(known.cols, weights=known.values, minlength=n_items)[:n_items]
-    counts = np.bincount(known.cols, minlength=n_items)[:n_items]
+    by_col = known.by_col  # each item's ratings (positions that hold none are in no line)
+    values = known.values[by_col.order]
+    item = np.repeat(np.arange(by_col.n_lines), by_col.count)
+    sums = np.bincount(item, weights=values, minlength=n_items)[:n_items]
+    counts = np.bincount(item, minlength=n_items)[:n_items]
+    mu = float(values.mean())
     return (sums + shrinkage * mu) / (counts + shrinkage)
 
 

@@ -271,3 +271,17 @@ def test_an_older_index_is_not_extended_in_place() -> None:
     assert branch.of(2).tolist() == [3, 4] and branch.of(1).tolist() == [1]
     assert first.of(0).tolist() == [0, 2] and first.of(2).tolist() == [3]
     assert index.of(2).tolist() == [] and index.order.tolist() == [0, 2, 1]
+
+
+def test_entries_appended_to_a_line_go_into_its_room_without_touching_earlier_indexes() -> None:
+    none = np.array([], dtype=np.int64)
+    index = LineIndex(np.array([0, 1, 0]), 3)
+    first = index.changed(none, none, np.array([0]), 3, 3)  # line 0 written anew, with room
+    second = first.changed(none, none, np.array([0, 0]), 4, 3)  # into that room, in place
+    assert len(second.buffer) == len(first.buffer)
+    assert first.of(0).tolist() == [0, 2, 3] and second.of(0).tolist() == [0, 2, 3, 4, 5]
+    # first is no longer the last of the chain: a change of it writes the line anew elsewhere
+    branch = first.changed(none, none, np.array([0]), 9, 3)
+    assert branch.of(0).tolist() == [0, 2, 3, 9] and second.of(0).tolist() == [0, 2, 3, 4, 5]
+    assert first.of(0).tolist() == [0, 2, 3] and index.of(0).tolist() == [0, 2]
+    np.testing.assert_array_equal(second.order, [0, 2, 3, 4, 5, 1])

@@ -236,3 +236,18 @@ def test_top_k_equals_a_full_sort_with_ties_by_index() -> None:
         cand = np.flatnonzero(mask)
         expected = cand[np.lexsort((cand, -scores[cand]))][:k]
         np.testing.assert_array_equal(top_k(scores, mask, k), expected)
+
+
+def test_popular_scores_read_the_ratings_alone_after_re_ratings() -> None:
+    # Re-rated and taken-back pairs leave positions that hold no rating: the shrunk means skip them.
+    from model.ratings import Ratings
+    from service.recommend import shrunk_means
+
+    known = Ratings(np.array([0, 1, 2, 0]), np.array([0, 0, 1, 2]), np.array([1.0, 2.0, 5.0, 4.0]), 4, 3)
+    changed = known.changed(
+        np.array([0]), np.array([5.0]), np.array([3]), np.array([1]), np.array([3.0]), 4, 3, np.array([3])
+    )
+    want = Ratings(np.array([1, 2, 3, 0]), np.array([0, 1, 1, 0]), np.array([2.0, 5.0, 3.0, 5.0]), 4, 3)
+    np.testing.assert_allclose(shrunk_means(changed, 3), shrunk_means(want, 3), rtol=1e-12)
+    mu = 15.0 / 4
+    assert shrunk_means(changed, 3)[2] == pytest.approx(mu)  # its one rating taken back
