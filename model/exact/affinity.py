@@ -650,38 +650,42 @@ def co_rating_rows(
     mean: FloatArray | None = None,
     by_row: LineIndex | None = None,
     by_col: LineIndex | None = None,
+    norms: FloatArray | None = None,
 ) -> FloatArray:
     """The rows `targets` of `co_rating_affinity(rows, cols, values, n, m, power, shrink)`, without the
     rest of the table: (len(targets), m). Sparse: a target's row costs the ratings on the rows its column
     touches, plus O(m), not O(n m). `mean` (n,) replaces the means that centre the ratings (the table's
     own, for rows that must not depend on other ratings); `by_row`, `by_col`: the ratings' line indexes,
-    when the caller has them."""
+    when the caller has them (positions in no line hold no rating); `norms` (m,): the columns' norms of
+    the centred ratings, when the caller keeps them (else summed over all the ratings)."""
     by_row = LineIndex(rows, n) if by_row is None else by_row
     by_col = LineIndex(cols, m) if by_col is None else by_col
-    live = by_row.order  # the ratings' positions by row (positions out of the indexes hold none)
-    live_rows, live_cols = rows[live], cols[live]
     if mean is None:
-        sums = np.bincount(live_rows, weights=values[live], minlength=n)
-        mean = sums / np.maximum(np.bincount(live_rows, minlength=n), 1)
-    centred = values - mean[rows]
-    norms = np.sqrt(np.bincount(live_cols, weights=centred[live] ** 2, minlength=m))
+        live = by_row.order
+        sums = np.bincount(rows[live], weights=values[live], minlength=n)
+        mean = sums / np.maximum(np.bincount(rows[live], minlength=n), 1)
+    if norms is None:
+        live = by_col.order
+        norms = np.sqrt(np.bincount(cols[live], weights=(values[live] - mean[rows[live]]) ** 2, minlength=m))
     targets = np.asarray(targets, dtype=np.int64)
     index_type = _index_type(max(n, m, len(rows)))
-    # The targets' columns as rows of the (m, n) transpose, times the (n, m) matrix: their products with
-    # every column (the cosine's numerators), then the same of ones (the co-rating counts). Sparse: a
-    # target's row costs the ratings on the rows its column touches.
+    # The targets' columns as rows of the (m, n) transpose, times the rows of the (n, m) matrix they
+    # touch: their products with every column (the cosine's numerators), then the same of ones (the
+    # co-rating counts). A target's row costs the ratings on the rows its column touches.
     mine, counts = by_col.members(targets)
     ptr = np.r_[0, np.cumsum(counts)].astype(index_type)
-    picked = rows[mine].astype(index_type)
-    whole = (centred[live], live_cols.astype(index_type), by_row.indptr.astype(index_type))
-    ones = np.ones(max(len(live), len(mine)))
+    touched, picked = np.unique(rows[mine], return_inverse=True)
+    on_touched, per_row = by_row.members(touched)
+    centred = values[on_touched] - mean[rows[on_touched]]
+    lines = (cols[on_touched].astype(index_type), np.r_[0, np.cumsum(per_row)].astype(index_type))
+    shape, picked = (len(targets), len(touched)), picked.astype(index_type)
     num = (
-        sp.csr_matrix((centred[mine], picked, ptr), shape=(len(targets), n))
-        @ sp.csr_matrix(whole, shape=(n, m))
+        sp.csr_matrix((values[mine] - mean[rows[mine]], picked, ptr), shape=shape)
+        @ sp.csr_matrix((centred, *lines), shape=(len(touched), m))
     ).toarray()
     co = (
-        sp.csr_matrix((ones[: len(mine)], picked, ptr), shape=(len(targets), n))
-        @ sp.csr_matrix((ones[: len(live)], whole[1], whole[2]), shape=(n, m))
+        sp.csr_matrix((np.ones(len(mine)), picked, ptr), shape=shape)
+        @ sp.csr_matrix((np.ones(len(on_touched)), *lines), shape=(len(touched), m))
     ).toarray()
     rho = num / np.maximum(norms[targets, None] * norms[None, :], 1e-12) * (co / (co + shrink))
     out: FloatArray = np.maximum(rho, 0.0) ** power

@@ -208,6 +208,7 @@ class ExactScorer:
         counts = np.bincount(known.cols, minlength=network.n_items)
         sums = np.bincount(known.cols, weights=known.values, minlength=network.n_items)
         self._item_means = sums / np.maximum(counts, 1)  # what centres the user table's ratings
+        self._user_norms: FloatArray | None = None  # their norms per user, once an update needed them
         self.key = FieldKey.of(crf, kernel, scale, len(known))
         stored_key = FieldKey.from_json(stored.key) if stored is not None else None
         matches = stored is not None and stored_key == self.key
@@ -291,11 +292,13 @@ class ExactScorer:
             means = np.full(network.n_items, self._item_means.mean() if len(self._item_means) else 0.0)
             means[: len(self._item_means)] = self._item_means
 
+            norms = new._user_norms = self._user_norms_after(known, means, users)
+
             def fresh(lo: int, hi: int) -> FloatArray:
                 return co_rating_rows(
                     known.cols, known.rows, known.values, network.n_items, network.n_users, users[lo:hi],
                     k.co_rating_power, k.co_rating_shrink, mean=means, by_row=known.by_col,
-                    by_col=known.by_row,
+                    by_col=known.by_row, norms=norms,
                 )  # fmt: skip
 
             table = new.lines.user_affinity.with_lines(users, fresh)
@@ -342,6 +345,23 @@ class ExactScorer:
 
             new.biases = self.biases.grown(network.n_users, network.n_items).with_users(users.tolist(), rated)
         return new
+
+    def _user_norms_after(self, known: Ratings, means: FloatArray, users: IntArray) -> FloatArray:
+        """Each user's norm of its ratings centred by `means` (the user table's cosines divide by them)
+        in `known`, where only `users` changed since this scorer's known ratings: this scorer's norms
+        with theirs summed again (the first time, every user's: O(N) once)."""
+        held = self._user_norms
+        if held is None:
+            users = np.arange(known.n_users)
+            norms = np.zeros(known.n_users)
+        else:
+            norms = np.zeros(known.n_users)
+            norms[: len(held)] = held
+        pos, counts = known.by_row.members(users)
+        squares = (known.values[pos] - means[known.cols[pos]]) ** 2
+        owner = np.repeat(np.arange(len(users)), counts)
+        norms[users] = np.sqrt(np.bincount(owner, weights=squares, minlength=len(users)))
+        return norms
 
     def _entries(self, users: IntArray, items: IntArray) -> tuple[IntArray, IntArray, IntArray]:
         """(rows, cols, labels) of the known entries on the rows `users` or the columns `items` (users and
