@@ -261,6 +261,7 @@ class FoldIn:
             self._refit_biases(touched_users, touched_items)
             old = self.state
             scorer = old.scorer.updated(network, known, touched_users, embedded_items)
+            known = _same_known(scorer, known)
             applied = old.applied + len(ratings)
             items_changed = len(embedded_items) > 0 or len(self._items) > len(old.embedded)
             self.state = OnlineState(
@@ -407,6 +408,7 @@ class FoldIn:
         new_embedded = np.flatnonzero(embedded[self.artifact.config.n_items :]) + self.artifact.config.n_items
         tables = {name[len("scorer_") :]: value for name, value in a.items() if name.startswith("scorer_")}
         scorer = old.scorer.updated(network, known, touched, new_embedded, tables=tables)
+        known = _same_known(scorer, known)
         # Checked and built: now replace.
         self._users, self._items = users, items
         self._user_index = {user: i for i, user in enumerate(users)}
@@ -610,6 +612,14 @@ class FoldIn:
 
         bias = self._bias.grown(len(self._users), len(self._items)).with_users(touched, artifact_items)
         self._bias = bias.with_items(sorted(rated_new.union(items.tolist())), raters)
+
+
+def _same_known(scorer: Scorer, known: Ratings) -> Ratings:
+    """The known ratings the scorer answers from: `known`, or the compacted copy it took (a scorer that
+    recomputes its field reads the whole arrays), so that positions in its answers (explanations) are
+    positions in the state's known ratings."""
+    held = getattr(scorer, "known", None)
+    return held if isinstance(held, Ratings) else known
 
 
 def _flat(nested: Mapping[int, Mapping[int, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

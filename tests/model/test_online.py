@@ -713,3 +713,17 @@ def test_every_modes_scorer_answers_the_same_calls(
     np.testing.assert_allclose(mixed, given, rtol=0, atol=1e-12)
     assert scorer.blocking is blocking and (scorer.row_parts(3) is not None) is parts
     assert (baseline is not None) is (scorer.baseline_weight > 0)
+
+
+@pytest.mark.parametrize("scaling", ["normalized", "scaled"])
+def test_the_state_holds_the_known_ratings_its_scorer_answers_from(artifact: Artifact, scaling: str) -> None:
+    # A scorer that recomputes its field (scaled messages) takes the ratings compacted: the state must hold
+    # that copy, so that the positions an explanation names are positions of the state's known ratings.
+    fold, _ = _fold(artifact, {**EXACT, "kernel.scaling": scaling})
+    fold.apply(_batch(artifact))
+    state = fold.state
+    assert isinstance(state.scorer, ExactScorer) and state.scorer.known is state.known
+    user = fold.user_index("newcomer")
+    assert user is not None
+    (top,) = state.scorer.explain(user, np.array([5]), 3)
+    assert len(top.known) and np.isin(top.known, state.known.by_row.order).all()  # each holds a rating
