@@ -69,13 +69,20 @@ def _extended(view: np.ndarray, store: _Store | None, more: np.ndarray) -> tuple
 
 
 COMPACT_WASTE = 2
-"""A changed index is rewritten compact once its buffer holds more than this many times its live entries
-(lines written anew leave their old copies behind), and changed ratings renumbered once their positions
-outnumber their ratings as much (re-rated and taken back ones leave theirs): amortized O(1) a change,
-memory bounded."""
+"""A changed index is laid out anew once its buffer holds more than this many slots per live entry (lines
+written anew leave their old copies behind), and changed ratings renumbered once their positions outnumber
+their ratings as much (re-rated and taken back ones leave theirs): amortized O(1) a change, memory at most
+twice a compact layout's."""
 
 COMPACT_SLACK = 4096
 """Positions a chain may hold beyond COMPACT_WASTE times its entries before that (small ones never)."""
+
+
+def _room(count: IntArray) -> IntArray:
+    """The slots a line of `count` entries gets when written anew: a quarter more, and 4 (entries appended
+    later go there in place; a line is written anew after a quarter of its length was appended to it)."""
+    out: IntArray = count + count // 4 + 4
+    return out
 
 
 class LineIndex:
@@ -112,10 +119,20 @@ class LineIndex:
         if store is not None:
             store.last = self._token  # the last index of the chain: the one that may append in place
 
-    @classmethod
-    def _compacted(cls, order: IntArray, indptr: IntArray) -> LineIndex:
-        out = cls.__new__(cls)
-        out._set(order, indptr[:-1], np.diff(indptr), None, (order, indptr))
+    def _laid_out(self) -> LineIndex:
+        """The same lines in a new buffer of their own, each with room after it (`_room`), the old
+        copies of changed lines left behind: O(N)."""
+        space = _room(self.count)
+        start = np.cumsum(space) - space
+        size = int(space.sum())
+        array = np.empty(2 * size + 1024, dtype=np.int64)  # the next changes append here
+        buffer = array[:size]
+        buffer[:] = -1
+        owner, pos = ranges(self.start, self.count)
+        rank = np.arange(len(owner)) - np.repeat(np.cumsum(self.count) - self.count, self.count)
+        buffer[start[owner] + rank] = self.buffer[pos]
+        out = LineIndex.__new__(LineIndex)
+        out._set(buffer, start, self.count.copy(), _Store(array, size), None, space)
         return out
 
     @property
@@ -202,7 +219,7 @@ class LineIndex:
         new_owner = np.searchsorted(touched, by_line[appended])
         new = np.bincount(new_owner, minlength=len(touched))
         total = old + new
-        space = 2 * total  # each line written anew: its entries, then as much room
+        space = _room(total)  # each line written anew: its entries, then room for more
         offset = np.cumsum(space) - space  # each touched line's place in the segment written now
         segment = np.full(int(space.sum()), -1, dtype=np.int64)
         segment[offset[owner] + np.arange(len(kept)) - np.repeat(np.cumsum(old) - old, old)] = kept
@@ -212,8 +229,10 @@ class LineIndex:
         buffer, store = _extended(self.buffer, store, segment)
         out = LineIndex.__new__(LineIndex)
         out._set(buffer, start, count, store, None, room)
-        if len(buffer) > COMPACT_WASTE * 2 * out.size + COMPACT_SLACK:  # old copies of lines dropped
-            return LineIndex._compacted(*out._compressed())
+        if (
+            len(buffer) > COMPACT_WASTE * out.size + 4 * n_lines + COMPACT_SLACK
+        ):  # old copies of lines dropped
+            return out._laid_out()
         return out
 
 
