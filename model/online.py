@@ -249,8 +249,7 @@ class FoldIn:
             base = self._base
             for (i, j), value in pairs.items():  # the artifact's ratings re-rated or taken back now
                 if i < base.n_users:
-                    pos = base.by_row.of(i)
-                    hit = pos[base.cols[pos] == j]
+                    hit = base.find(i, j)
                     self._keep[hit] = False
                     if value is None and len(hit):
                         self._taken_back.add(i)
@@ -481,8 +480,7 @@ class FoldIn:
         old = self.state.known
         at, values, rows, cols, added, removed = [], [], [], [], [], []
         for (user, item), value in changes.items():
-            pos = old.by_row.of(user) if user < old.n_users else np.empty(0, dtype=np.int64)
-            hit = pos[old.cols[pos] == item]
+            hit = old.find(user, item)
             if value is None:  # retracted
                 removed += hit.tolist()
             elif len(hit):

@@ -108,11 +108,12 @@ class LineIndex:
         store: _Store | None,
         layout: tuple[IntArray, IntArray] | None,
         room: IntArray | None = None,
+        size: int | None = None,
     ) -> None:
         self.buffer, self.start, self.count, self._store = buffer, start, count, store
         self.room = count if room is None else room
         """(n_lines,) the slots each line has from its start (its entries, then room for more)."""
-        self.size = int(count.sum())
+        self.size = int(count.sum()) if size is None else size
         """How many entries the lines hold."""
         self._layout = layout  # (order, indptr) once made: one attribute, set whole (readers share it)
         self._token = object()
@@ -132,7 +133,7 @@ class LineIndex:
         rank = np.arange(len(owner)) - np.repeat(np.cumsum(self.count) - self.count, self.count)
         buffer[start[owner] + rank] = self.buffer[pos]
         out = LineIndex.__new__(LineIndex)
-        out._set(buffer, start, self.count.copy(), _Store(array, size), None, space)
+        out._set(buffer, start, self.count.copy(), _Store(array, size), None, space, self.size)
         return out
 
     @property
@@ -228,7 +229,7 @@ class LineIndex:
         start[touched], count[touched], room[touched] = len(self.buffer) + offset, total, space
         buffer, store = _extended(self.buffer, store, segment)
         out = LineIndex.__new__(LineIndex)
-        out._set(buffer, start, count, store, None, room)
+        out._set(buffer, start, count, store, None, room, self.size - len(dropped) + len(lines))
         if (
             len(buffer) > COMPACT_WASTE * out.size + 4 * n_lines + COMPACT_SLACK
         ):  # old copies of lines dropped
@@ -283,15 +284,27 @@ class Ratings:
         """Whether every position holds a rating (built whole, or changed by appending alone)."""
         return self.by_row.size == len(self.rows)
 
+    def held(self) -> np.ndarray:
+        """(positions,) bool: which positions hold a rating (O(N))."""
+        out = np.zeros(len(self.rows), dtype=bool)
+        out[self.by_row.order] = True
+        return out
+
+    def find(self, user: int, item: int) -> IntArray:
+        """The position of the user's rating of the item: (1,), or (0,) where there is none."""
+        if user >= self.n_users:
+            return np.empty(0, dtype=np.int64)
+        pos = self.by_row.of(user)
+        out: IntArray = pos[self.cols[pos] == item]
+        return out
+
     def compact(self) -> Ratings:
         """These ratings with a position each, in the order of their positions: itself when `whole`, else
         built (O(N), kept)."""
         if self.whole:
             return self
         if not self._compact:
-            held = np.zeros(len(self.rows), dtype=bool)
-            held[self.by_row.order] = True
-            live = np.flatnonzero(held)  # the positions that hold a rating, in order
+            live = np.flatnonzero(self.held())  # the positions that hold a rating, in order
             out = Ratings(self.rows[live], self.cols[live], self.values[live], self.n_users, self.n_items)
             if self._labels is not None:
                 labels = self._labels[1][live]

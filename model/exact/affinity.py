@@ -638,6 +638,17 @@ def co_rating_affinity(
     return CoRatingGram.of(rows, cols, values, n, m, what).table(power, shrink)
 
 
+def centred_norms(
+    by_line: LineIndex, other: IntArray, values: FloatArray, mean: FloatArray, lines: IntArray
+) -> FloatArray:
+    """The norm of each of `lines`' ratings, each centred by the mean of its other coordinate (`other`,
+    `mean[other]`): (len(lines),), summed over the ratings the index holds."""
+    pos, counts = by_line.members(lines)
+    squares = (values[pos] - mean[other[pos]]) ** 2
+    out: FloatArray = np.sqrt(np.bincount(np.repeat(np.arange(len(lines)), counts), squares, len(lines)))
+    return out
+
+
 def co_rating_rows(
     rows: IntArray,
     cols: IntArray,
@@ -665,8 +676,7 @@ def co_rating_rows(
         sums = np.bincount(rows[live], weights=values[live], minlength=n)
         mean = sums / np.maximum(np.bincount(rows[live], minlength=n), 1)
     if norms is None:
-        live = by_col.order
-        norms = np.sqrt(np.bincount(cols[live], weights=(values[live] - mean[rows[live]]) ** 2, minlength=m))
+        norms = centred_norms(by_col, rows, values, mean, np.arange(m))
     targets = np.asarray(targets, dtype=np.int64)
     index_type = _index_type(max(n, m, len(rows)))
     # The targets' columns as rows of the (m, n) transpose, times the rows of the (n, m) matrix they

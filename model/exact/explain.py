@@ -226,8 +226,7 @@ class Queries:
         """Query q's top k once the ratings off its row and column are weighed too (their weight is the
         field's product of similarities alone) and scored where their own bound clears the k-th effect."""
         known = self.known
-        off = np.zeros(len(known.rows), dtype=bool)
-        off[known.by_row.order] = True  # positions that hold a rating
+        off = known.held()
         off[self.row] = off[self.column(q)] = False
         rest = np.flatnonzero(off)
         weight = self.user_sim[known.rows[rest]] * self.item_sims[q, known.cols[rest]]

@@ -22,7 +22,14 @@ from model.engine import (
     one_row,
     row_products,
 )
-from model.exact.affinity import Affinity, CoRatingGram, SparseAffinity, co_rating_affinity, co_rating_rows
+from model.exact.affinity import (
+    Affinity,
+    CoRatingGram,
+    SparseAffinity,
+    centred_norms,
+    co_rating_affinity,
+    co_rating_rows,
+)
 from model.exact.baseline import BiasModel, baseline_mixture
 from model.exact.explain import Explanation, explain
 from model.exact.field import KnownField, LevelInterpolation, known_field
@@ -352,15 +359,10 @@ class ExactScorer:
         with theirs summed again (the first time, every user's: O(N) once)."""
         held = self._user_norms
         if held is None:
-            users = np.arange(known.n_users)
-            norms = np.zeros(known.n_users)
-        else:
-            norms = np.zeros(known.n_users)
-            norms[: len(held)] = held
-        pos, counts = known.by_row.members(users)
-        squares = (known.values[pos] - means[known.cols[pos]]) ** 2
-        owner = np.repeat(np.arange(len(users)), counts)
-        norms[users] = np.sqrt(np.bincount(owner, weights=squares, minlength=len(users)))
+            return centred_norms(known.by_row, known.cols, known.values, means, np.arange(known.n_users))
+        norms = np.zeros(known.n_users)
+        norms[: len(held)] = held
+        norms[users] = centred_norms(known.by_row, known.cols, known.values, means, users)
         return norms
 
     def _entries(self, users: IntArray, items: IntArray) -> tuple[IntArray, IntArray, IntArray]:

@@ -801,8 +801,7 @@ def test_column_major_changes_equal_a_rebuilt_by_label_form(monkeypatch: pytest.
         }
         at, values, new_rows, new_cols, added = [], [], [], [], []
         for (u, j), v in pairs.items():
-            pos = known.by_row.of(u) if u < known.n_users else np.empty(0, dtype=np.int64)
-            hit = pos[known.cols[pos] == j]
+            hit = known.find(u, j)
             if len(hit):
                 at.append(int(hit[0]))
                 values.append(v)

@@ -223,8 +223,7 @@ def test_a_chain_of_changes_keeps_every_earlier_state_and_compacts(monkeypatch: 
         gone = [pair for pair in list(truth)[:: max(1, len(truth) // 2)] if rng.random() < 0.3]
         at, values, rows, cols, added, removed = [], [], [], [], [], []
         for (i, j), value in pairs.items():
-            pos = ratings.by_row.of(i)
-            hit = pos[ratings.cols[pos] == j]
+            hit = ratings.find(i, j)
             if len(hit):
                 at.append(int(hit[0]))
                 values.append(value)
@@ -234,8 +233,7 @@ def test_a_chain_of_changes_keeps_every_earlier_state_and_compacts(monkeypatch: 
                 added.append(value)
         for i, j in gone:
             if (i, j) not in pairs:
-                pos = ratings.by_row.of(i)
-                removed += pos[ratings.cols[pos] == j].tolist()
+                removed += ratings.find(i, j).tolist()
                 truth.pop((i, j))
         truth.update(pairs)
         before = len(ratings.rows)
