@@ -425,7 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser(
         "evaluate", help="RMSE/MAE of an artifact on its test (or validation) split (one JSON line)"
     )
-    e.add_argument("--artifacts", required=True)
+    e.add_argument(
+        "--artifacts",
+        required=True,
+        nargs="+",
+        help="an artifact, or several of one dataset and split: an ensemble (expected ratings averaged)",
+    )
     e.add_argument("--data-dir", required=True)
     e.add_argument(
         "--on",

@@ -132,6 +132,19 @@ def carve_validation(entries: Entries, fraction: float, seed: int) -> tuple[Entr
     return entries.take(rest_pos), entries.take(val_pos)
 
 
+def fold_carves(entries: Entries, folds: int, seed: int) -> list[tuple[Entries, Entries]]:
+    """`folds` seeded (rest, validation) pairs of `entries`: every entry is a validation entry of
+    exactly one fold (the folds' sizes differ by at most one)."""
+    if folds < 2:
+        raise ValueError(f"folds must be at least 2, got {folds}")
+    perm = np.random.default_rng(seed).permutation(len(entries))
+    parts = np.array_split(perm, folds)
+    return [
+        (entries.take(np.sort(np.concatenate(parts[:k] + parts[k + 1 :]))), entries.take(np.sort(part)))
+        for k, part in enumerate(parts)
+    ]
+
+
 def random_split(
     entries: Entries, fractions: Sequence[float] = DEFAULT_FRACTIONS, seed: int = 0
 ) -> tuple[Entries, Entries, Entries]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,37 +72,78 @@ def held_out(artifact: Artifact, split: RatingSplit, part: str) -> Entries:
     fraction = float(train_cfg.get("val_fraction", 0.0))
     if fraction <= 0:
         raise DataError(f"{artifact.path}: trained without a validation split; evaluate on 'test'")
-    return carve_validation(split.train, fraction, int(train_cfg.get("seed", 0)))[1]
+    carve = train_cfg.get("carve_seed")
+    return carve_validation(split.train, fraction, int(train_cfg.get("seed", 0) if carve is None else carve))[
+        1
+    ]
 
 
 def evaluate(
-    artifact_dir: str | Path,
+    artifact_dirs: str | Path | Sequence[str | Path],
     data_dir: str | Path,
     *,
     overrides: dict[str, Any] | None = None,
     part: str = "test",
 ) -> dict[str, Any]:
     """RMSE and MAE of the artifact on its test (or validation) entries; returns a JSON-ready dict.
-    `overrides`: inference settings by dotted name (`crf.gamma`), applied to the artifact's."""
-    artifact = load_artifact(artifact_dir)
-    ds = artifact.meta["dataset"]
-    split = load_dataset(ds["name"], data_dir, split=ds.get("split", "u1"), seed=ds.get("seed", 0))
-    entries = held_out(artifact, split, part)
-    inference = artifact.inference.with_overrides(overrides or {})
-    rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
+    `overrides`: inference settings by dotted name (`crf.gamma`), applied to the artifact's.
+
+    Several artifacts of one dataset and split are an ensemble: each predicts with its own inference
+    settings (and `overrides`), and their expected ratings are averaged, which is the expected rating
+    of their averaged level distributions. On `val` they must hold the same validation entries out
+    (`--set carve_seed=K` when they were trained with different seeds)."""
+    dirs = [artifact_dirs] if isinstance(artifact_dirs, (str, Path)) else list(artifact_dirs)
+    if not dirs:
+        raise DataError("evaluate needs at least one artifact")
+    artifacts = [load_artifact(d) for d in dirs]
+    ds = artifacts[0].meta["dataset"]
+    where = (ds["name"], ds.get("split", "u1"), ds.get("seed", 0))
+    for other in artifacts[1:]:
+        o = other.meta["dataset"]
+        if (o["name"], o.get("split", "u1"), o.get("seed", 0)) != where:
+            raise DataError(
+                f"an ensemble is of one dataset and split: {other.path} holds {o['name']} split "
+                f"{o.get('split')} (seed {o.get('seed', 0)}), {artifacts[0].path} {where[0]} split "
+                f"{where[1]} (seed {where[2]})"
+            )
+    split = load_dataset(where[0], data_dir, split=where[1], seed=where[2])
+    entries = held_out(artifacts[0], split, part)
+    for other in artifacts[1:]:
+        if part == "val" and not _same_entries(held_out(other, split, part), entries):
+            raise DataError(
+                f"{other.path} and {artifacts[0].path} hold different validation ratings out: train the "
+                "members of an ensemble with one --set carve_seed=K to score them together on 'val'"
+            )
     t0 = time.perf_counter()
-    pred = predict_ratings(artifact, rows, cols, inference, include_held_out=part != "val")
+    members = []
+    for artifact in artifacts:
+        inference = artifact.inference.with_overrides(overrides or {})
+        rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
+        members.append(predict_ratings(artifact, rows, cols, inference, include_held_out=part != "val"))
     seconds = time.perf_counter() - t0
-    err = pred - entries.values
-    return {
-        "dataset": ds["name"],
-        "split": ds.get("split"),
+    pred = np.mean(members, axis=0)
+    inference = artifacts[0].inference.with_overrides(overrides or {})
+    result = {
+        "dataset": where[0],
+        "split": where[1],
         "on": part,
-        "model_version": artifact.model_version,
+        "model_version": artifacts[0].model_version,
         "inference": inference.mode,
-        "rmse": float(np.sqrt(np.mean(err**2))),
-        "mae": float(np.mean(np.abs(err))),
-        "n": len(err),
+        **_errors(pred, entries.values),
+        "n": len(entries),
         "settings": read_settings(inference),
         "seconds": round(seconds, 3),
     }
+    if len(artifacts) > 1:
+        result["model_version"] = [a.model_version for a in artifacts]
+        result["members"] = [_errors(p, entries.values) for p in members]
+    return result
+
+
+def _errors(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    err = pred - truth
+    return {"rmse": float(np.sqrt(np.mean(err**2))), "mae": float(np.mean(np.abs(err)))}
+
+
+def _same_entries(a: Entries, b: Entries) -> bool:
+    return len(a) == len(b) and bool(np.array_equal(a.rows, b.rows) and np.array_equal(a.cols, b.cols))

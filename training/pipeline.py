@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-from model.artifact import load_staged
+from model.artifact import load_artifact, load_staged
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.ratings import Ratings
 from training.config import (
@@ -24,12 +24,12 @@ from training.config import (
     sized_blocks,
     sized_network,
 )
-from training.data import Entries, RatingSplit, carve_validation, load_dataset
+from training.data import Entries, RatingSplit, carve_validation, fold_carves, load_dataset
 from training.export import write_artifact
-from training.fold_in import choose_refine
+from training.fold_in import choose_and_write, choose_refine
 from training.online import read_online_ratings, with_online
 from training.trainer import train
-from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, TUNING, record_tuning, start_inference
+from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, TUNING, record_tuning, start_inference, write_tuning
 from training.tune import tune as search_inference  # `tune` is run_training's switch
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def _convert(key: str, raw: Any, type_name: str) -> Any:
             if raw.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(raw)
             return raw.lower() in ("true", "1")
-        if type_name == "int":
+        if type_name in ("int", "int | None"):
             return int(raw)
         if type_name == "float":
             if key == "input_center" and raw == "mean":
@@ -129,10 +129,17 @@ def run_training(
         if sized_model:
             log.info("%d training ratings: the network for large matrices (%s)", len(data.train), sized_model)
             train_cfg = replace(train_cfg, **{k: v for k, v in sized_train.items() if k not in train_over})
+    carves: list[tuple[Entries, Entries]] = []
+    if "folds" in train_over and train_cfg.folds > 1 and not (train_cfg.refit and data.val is None):
+        why = "the dataset has its own validation split" if data.val is not None else "refit is off"
+        log.warning("folds=%d unused: %s (the folds choose the settings of a refit)", train_cfg.folds, why)
     if data.val is not None:
         train_entries, val_entries = data.train, data.val
+    elif train_cfg.folds > 1 and train_cfg.refit and tune and not inference_over:
+        carves = fold_carves(data.train, train_cfg.folds, train_cfg.carve)
+        train_entries, val_entries = carves[0]
     elif train_cfg.val_fraction > 0:
-        train_entries, val_entries = carve_validation(data.train, train_cfg.val_fraction, train_cfg.seed)
+        train_entries, val_entries = carve_validation(data.train, train_cfg.val_fraction, train_cfg.carve)
     else:
         train_entries, val_entries = data.train, None
     model_cfg = ModelConfig(
@@ -196,8 +203,12 @@ def run_training(
     }
     # The search writes the field of its choice: no field of the starting settings before it.
     searched = chosen.tune and tune and not inference_over and len(val_entries or []) >= MIN_VALIDATION
+    if carves and not searched:
+        carves = []  # nothing to choose on folds: the first is one carve
 
     def finish(directory: Path, config: dict[str, Any]) -> None:  # in the artifact being written, once
+        if carves:
+            return  # the search and the fold-in choice run on every fold's artifact, once all are written
         if chosen.tune:
             metrics["tuning"] = _tune(directory, config, tune, inference_over, len(val_entries or []),
                                       train_cfg.seed, tune_trials, tune_timeout, progress)  # fmt: skip
@@ -206,6 +217,8 @@ def run_training(
     rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
     refit = train_cfg.refit and val_entries is not None and len(val_entries) > 0
     first = out.parent / f".{out.name}.carve" if refit else out  # the carve's artifact, then the refit's
+    if carves:
+        first = out.parent / f".{out.name}.fold0"
     if rank0:
         write_artifact(
             first,
@@ -222,6 +235,10 @@ def run_training(
             known_field=not searched,
             finish=finish,
         )
+    if carves:
+        metrics = _choose_on_folds(first, rank0, carves, data, model_cfg, train_cfg, preset_name,
+                                   dataset_record, inference, metrics, ckpt, resume, progress, tune_trials,
+                                   tune_timeout)  # fmt: skip
     if refit:
         assert val_entries is not None
         everything = Entries.concat([train_entries, val_entries])
@@ -300,6 +317,78 @@ def _refit(
         finish=finish,
     )
     shutil.rmtree(carve, ignore_errors=True)
+    return metrics
+
+
+def _choose_on_folds(
+    fold0: Path,
+    rank0: bool,
+    carves: list[tuple[Entries, Entries]],
+    data: RatingSplit,
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    preset_name: str,
+    dataset_record: dict[str, Any],
+    inference: InferenceConfig,
+    metrics: dict[str, Any],
+    ckpt: Path,
+    resume: bool,
+    progress: bool,
+    trials: int | None,
+    timeout: float | None,
+) -> dict[str, Any]:
+    """`TrainConfig.folds`: train the networks of folds 1.. (fold 0's is written at `fold0`), search the
+    inference settings on all the folds' validation ratings together, and write the choice and the fold-in
+    policy (chosen on fold 0) into `fold0`, which the refit then reads like a single carve's artifact."""
+    directories = [fold0]
+    seconds = metrics["train_seconds"]
+    val_rmse = [metrics["val_rmse"]]
+    for k, (rest, val) in enumerate(carves[1:], start=1):
+        log.info("fold %d of %d: %d train / %d validation ratings", k + 1, len(carves), len(rest), len(val))
+        t0 = time.perf_counter()
+        model, matrix, history = train(
+            model_cfg,
+            train_cfg,
+            rest,
+            val,
+            checkpoint_dir=ckpt.parent / f"{ckpt.name}.fold{k}",
+            resume=resume,
+            progress=progress,
+        )
+        seconds += time.perf_counter() - t0
+        val_rmse.append(history.epochs[-1].get("val_rmse") if history.epochs else None)
+        directories.append(fold0.parent / f"{fold0.name.removesuffix('0')}{k}")
+        if rank0:
+            write_artifact(directories[-1], model, matrix, rest, held_out=val, user_ids=data.user_ids,
+                           item_ids=data.item_ids, inference=inference,
+                           train_config={**train_cfg.to_dict(), "preset": preset_name},
+                           dataset=dataset_record, metrics={}, known_field=False)  # fmt: skip
+    metrics = {
+        **metrics,
+        "train_seconds": round(seconds, 2),
+        "val_rmse": float(np.mean([v for v in val_rmse if v is not None])) if any(val_rmse) else None,
+        "folds": {"k": len(carves), "val_rmse": val_rmse, "n_val": [len(v) for _, v in carves]},
+        "n_val": sum(len(v) for _, v in carves),
+    }
+    if not rank0:
+        return metrics
+    result = search_inference([load_artifact(d) for d in directories], trials=trials or DEFAULT_TRIALS,
+                              timeout=timeout, seed=train_cfg.seed, progress=progress)  # fmt: skip
+    write_tuning(fold0, result)
+    r = result.record
+    metrics["tuning"] = {
+        "mode": result.chosen.mode,
+        "trials": r["trials_run"],
+        "seconds": r["seconds"],
+        "best_val_rmse": r["best_val_rmse"],
+        "base_network_val_rmse": r["base_network_val_rmse"],
+        "folds": len(carves),
+    }
+    record = choose_and_write(fold0, train_cfg.seed)
+    keep = ("refine", "skipped", "rmse_all", "rmse_new", "difference_95", "fold_in_s_all", "fold_in_s_new")
+    metrics["fold_in"] = {k: v for k, v in record.items() if k in keep}
+    for directory in directories[1:]:
+        shutil.rmtree(directory, ignore_errors=True)
     return metrics
 
 

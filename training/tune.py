@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ import optuna
 from model import exact
 from model.artifact import Artifact, is_known_field_file, load_artifact, rewritten
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
-from model.engine import expected_rating
+from model.engine import Network, expected_rating
 from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_cost
 from model.ratings import Ratings
 from model.scorers import build_scorer, load_network
@@ -174,7 +175,7 @@ def _rmse(pred: np.ndarray, truth: np.ndarray) -> float:
 
 
 def tune(
-    artifact: Artifact,
+    artifact: Artifact | Sequence[Artifact],
     trials: int = DEFAULT_TRIALS,
     timeout: float | None = None,
     seed: int = 0,
@@ -182,34 +183,39 @@ def tune(
 ) -> Tuning:
     """Search the inference settings on the artifact's validation ratings (module docstring). Reads the
     artifact alone. `timeout` (seconds) stops the search early (then the number of trials depends on the
-    machine); `trials` bounds it."""
+    machine); `trials` bounds it.
+
+    Several artifacts (the folds of `TrainConfig.folds`: one matrix, each network trained without its own
+    validation ratings) are searched together: a candidate's score is the RMSE over all their validation
+    ratings, each predicted by its own network and CRF over its own known ratings."""
     if trials < 1:
         raise ConfigError(f"trials must be at least 1, got {trials}")
-    val = artifact.held_out
-    if len(val) < MIN_VALIDATION:
+    artifacts = [artifact] if isinstance(artifact, Artifact) else list(artifact)
+    n_val = sum(len(a.held_out) for a in artifacts)
+    if n_val < MIN_VALIDATION:
         raise ConfigError(
-            f"the artifact holds {len(val)} validation ratings; a search needs at least {MIN_VALIDATION} "
+            f"the artifact holds {n_val} validation ratings; a search needs at least {MIN_VALIDATION} "
             "(train with a larger --set val_fraction=..., or --no-tune)"
         )
     started = time.perf_counter()
-    network = load_network(artifact)
-    known = artifact.train  # the validation ratings are the queries: not known to the CRF
-    levels = artifact.levels
-    scale = units(levels, network.n_users, network.n_items)
-    parts = ExactParts(network, known)
-    costly = unaffordable(known)
+    folds = [_Fold.of(a) for a in artifacts]
+    levels = artifacts[0].levels
+    scale = units(levels, folds[0].network.n_users, folds[0].network.n_items)
+    costly: dict[str, int] = {}
+    for f in folds:
+        for name, pairs in unaffordable(f.known).items():
+            costly[name] = max(costly.get(name, 0), pairs)
     off = set(costly)
     for name, pairs in costly.items():
         log.warning("%s left out of the search: its co-rating table costs %.2g pairs", name, pairs)
     start = start_point(off)
-    probs = network.probabilities(val.rows, val.cols)
-    truth = val.values
+    truth = np.concatenate([f.val.values for f in folds])
 
     def score(inference: InferenceConfig) -> float:
-        scorer = build_scorer(network, known, inference, parts=parts)
-        dist = scorer.predict(val.rows, val.cols, probs)
-        return _rmse(np.clip(expected_rating(dist, levels), levels[0], levels[-1]), truth)
+        pred = np.concatenate([f.predict(inference) for f in folds])
+        return _rmse(np.clip(expected_rating(pred, levels), levels[0], levels[-1]), truth)
 
+    probs = np.concatenate([f.probs for f in folds])
     base_rmse = _rmse(np.clip(expected_rating(probs, levels), levels[0], levels[-1]), truth)
     record: list[dict[str, Any]] = []
 
@@ -262,8 +268,9 @@ def tune(
         "timeout_s": timeout,
         "trials_run": len(record),
         "seconds": round(seconds, 2),
-        "n_validation": len(val),
-        "n_known": len(known),
+        "n_validation": n_val,
+        "n_known": [len(f.known) for f in folds] if len(folds) > 1 else len(folds[0].known),
+        **({"folds": len(folds)} if len(folds) > 1 else {}),
         "units": scale,
         "search_space": {name: asdict(r) for name, r in search_space().items()},
         "start": start,
@@ -276,6 +283,29 @@ def tune(
         "trials": record,
     }
     return Tuning(chosen=chosen, record=summary)
+
+
+@dataclass
+class _Fold:
+    """One artifact of a search: its network, known ratings (its training ratings: the validation ratings
+    are the queries, not known to the CRF), the CRF's reusable parts, and its queries' network outputs."""
+
+    network: Network
+    known: Ratings
+    parts: ExactParts
+    val: Ratings
+    probs: np.ndarray
+
+    @classmethod
+    def of(cls, artifact: Artifact) -> _Fold:
+        network = load_network(artifact)
+        known, val = artifact.train, artifact.held_out
+        return cls(network, known, ExactParts(network, known), val, network.probabilities(val.rows, val.cols))
+
+    def predict(self, inference: InferenceConfig) -> np.ndarray:
+        """The level distributions of the queries under `inference`."""
+        scorer = build_scorer(self.network, self.known, inference, parts=self.parts)
+        return scorer.predict(self.val.rows, self.val.cols, self.probs)
 
 
 def _flat(inference: InferenceConfig) -> dict[str, Any]:

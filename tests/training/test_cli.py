@@ -74,6 +74,12 @@ def test_train_then_evaluate(synthetic_csv: Path, tmp_path: Path) -> None:
         assert result["inference"] == mode and result["settings"]["mode"] == mode
         assert {"rmse", "mae", "n"} <= result.keys() and result["n"] > 0
         assert 0 < result["mae"] <= result["rmse"] < 2.0
+    # The same artifact twice is an ensemble of two equal members: the same figures.
+    proc = dcmc("evaluate", "--artifacts", str(out), str(out), "--data-dir", str(synthetic_csv),
+                "--set", "inference.mode=none")  # fmt: skip
+    both = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [m["rmse"] for m in both["members"]] == [result["rmse"]] * 2
+    assert both["rmse"] == pytest.approx(result["rmse"])
 
 
 def _assert_clean_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -574,3 +574,25 @@ def test_real_ml100k_u1_equals_monti_split_1() -> None:
     for k in range(2, 6):
         sk = load_dataset("ml-100k", SHARED / "ml-100k", split=f"u{k}")
         assert (len(sk.train), len(sk.test)) == (80_000, 20_000)
+
+
+def test_fold_carves_hold_each_entry_out_once() -> None:
+    from training.data import Entries, fold_carves
+
+    rng = np.random.default_rng(0)
+    # The values number the entries, so that each one can be followed into the folds.
+    entries = Entries(rng.integers(0, 50, 103), rng.integers(0, 40, 103), np.arange(103.0))
+    carves = fold_carves(entries, 4, seed=5)
+    held = np.concatenate([val.values for _, val in carves])
+    assert sorted(held.tolist()) == list(range(103))  # every entry in exactly one fold's validation
+    for rest, val in carves:
+        assert sorted([*rest.values, *val.values]) == list(range(103)) and len(val) in (25, 26)
+        assert np.array_equal(entries.rows[val.values.astype(int)], val.rows)
+    assert [v.values.tolist() for _, v in fold_carves(entries, 4, seed=5)] == [
+        v.values.tolist() for _, v in carves
+    ]
+    assert [v.values.tolist() for _, v in fold_carves(entries, 4, seed=6)] != [
+        v.values.tolist() for _, v in carves
+    ]
+    with pytest.raises(ValueError, match="at least 2"):
+        fold_carves(entries, 1, seed=0)

@@ -83,3 +83,42 @@ def test_evaluate_applies_dotted_overrides_and_reports_the_settings_read(
         evaluate(tiny_artifact, synthetic_csv, overrides={"crf.gama": 1})
     with pytest.raises(ConfigError, match=r"does not read kernel\.co_rating"):
         evaluate(tiny_artifact, synthetic_csv, overrides={"kernel.co_rating": 1})
+
+
+def test_an_ensemble_averages_its_members_on_one_carve(synthetic_csv: Path, tmp_path: Path) -> None:
+    # Two seeds that share one validation carve (`carve_seed`): each is scored on it, and the
+    # ensemble's prediction is the mean of theirs, so its errors follow from the members' predictions.
+    data = _train_test_dir(synthetic_csv, tmp_path / "data")
+    outs = [tmp_path / f"seed{s}" for s in (1, 2)]
+    for seed, out in zip((1, 2), outs, strict=True):
+        run_training("csv", data, out, preset_name="tiny", epochs=3, seed=seed, progress=False,
+                     settings={"carve_seed": "7"})  # fmt: skip
+    singles = [evaluate(out, data, overrides={"mode": "none"}, part="val") for out in outs]
+    both = evaluate(outs, data, overrides={"mode": "none"}, part="val")
+    assert both["n"] == singles[0]["n"] == singles[1]["n"] > 0
+    assert [m["rmse"] for m in both["members"]] == [s["rmse"] for s in singles]
+    assert singles[0]["rmse"] != singles[1]["rmse"]  # two networks, not one twice
+    # Averaging cannot be worse than the worse member (RMSE is convex), and with two different
+    # networks it is below their mean unless their errors are identical.
+    assert both["rmse"] <= max(s["rmse"] for s in singles)
+    assert both["rmse"] < (singles[0]["rmse"] + singles[1]["rmse"]) / 2
+    assert both["model_version"] == [s["model_version"] for s in singles]
+    test = evaluate(outs, data, overrides={"mode": "none"})
+    assert test["on"] == "test" and len(test["members"]) == 2
+
+
+def test_an_ensemble_refuses_members_that_held_different_ratings_out(
+    synthetic_csv: Path, tmp_path: Path
+) -> None:
+    data = _train_test_dir(synthetic_csv, tmp_path / "data")
+    outs = [tmp_path / f"seed{s}" for s in (1, 2)]
+    for seed, out in zip((1, 2), outs, strict=True):  # each carves its own validation ratings
+        run_training("csv", data, out, preset_name="tiny", epochs=1, seed=seed, progress=False)
+    with pytest.raises(DataError, match="carve_seed"):
+        evaluate(outs, data, overrides={"mode": "none"}, part="val")
+    # On the test split the members agree on the entries: scored together.
+    assert len(evaluate(outs, data, overrides={"mode": "none"})["members"]) == 2
+    other = tmp_path / "other"
+    run_training("csv", synthetic_csv, other, split="random", preset_name="tiny", epochs=1, progress=False)
+    with pytest.raises(DataError, match="one dataset and split"):
+        evaluate([outs[0], other], data)

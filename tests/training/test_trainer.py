@@ -394,6 +394,15 @@ def test_default_presets_carry_no_inference_constants() -> None:
     )
     assert preset("flixster").train.input_dropout == 0
     assert preset("yahoo_music", "paper").inference.mode == "paper"
+    # Folds where a 5% carve is small (benchmarks/results/folds.md), with the refit they choose for.
+    assert {d: preset(d).train.folds for d in ("ml-100k", "douban", "flixster", "yahoo_music", "csv")} == {
+        "ml-100k": 1,
+        "douban": 1,
+        "flixster": 5,
+        "yahoo_music": 3,
+        "csv": 1,
+    }
+    assert preset("flixster").train.refit and preset("flixster", "paper").train.folds == 1
 
 
 def test_blocks_list_their_entries_as_the_canonical_csr_does() -> None:

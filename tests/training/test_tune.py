@@ -290,3 +290,73 @@ def test_refit_publishes_a_network_of_every_training_rating_with_the_carves_choi
     with pytest.raises(DataError, match="no validation ratings are left"):
         evaluate(out, data, part="val")
     assert evaluate(out, data)["n"] > 0
+
+
+def test_folds_choose_on_every_training_rating_then_refit(tmp_path: Path) -> None:
+    """`folds`: one network per fold, each without its fold; the search scores a candidate over all
+    training ratings (each predicted by the network that did not train on it); then the refit."""
+    data = _data(tmp_path / "data", scramble=False)
+    out = tmp_path / "folds"
+    metrics = run_training(
+        "csv",
+        data,
+        out,
+        preset_name="default",
+        settings={"epochs": "3", "refit": "true", "folds": "3"},
+        progress=False,
+        tune_trials=4,
+    )
+    artifact = load_artifact(out)
+    n = len(artifact.train)
+    assert len(artifact.held_out) == 0 and artifact.meta["train"]["folds"] == 3
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no fold's artifact left
+    record = json.loads((out / "tuning.json").read_text())
+    assert record["folds"] == 3 and record["n_validation"] == n == metrics["n_val"]
+    assert len(record["n_known"]) == 3 and sum(record["n_known"]) == 2 * n  # each rating known in 2 folds
+    folds = metrics["folds"]
+    assert (
+        isinstance(folds, dict)
+        and sum(folds["n_val"]) == n
+        and max(folds["n_val"]) - min(folds["n_val"]) <= 1
+    )
+    assert metrics["tuning"]["folds"] == 3 and metrics["refit"]["n_train"] == n
+    assert artifact.inference.to_dict() == InferenceConfig.from_dict(record["chosen"]).to_dict()
+
+
+def test_a_search_over_folds_pools_their_validation_ratings(tmp_path: Path) -> None:
+    from model.engine import expected_rating
+    from model.scorers import load_network
+
+    data = _data(tmp_path / "data", scramble=False)
+    outs = []
+    for seed in (1, 2):  # two carves of one matrix
+        outs.append(tmp_path / f"a{seed}")
+        settings = {"epochs": "2", "val_fraction": "0.2"}
+        run_training("csv", data, outs[-1], preset_name="tiny", settings=settings, seed=seed, progress=False)
+    artifacts = [load_artifact(o) for o in outs]
+    squared = []
+    for a in artifacts:
+        network, val = load_network(a), a.held_out
+        pred = expected_rating(network.probabilities(val.rows, val.cols), a.levels)
+        squared.append((np.clip(pred, a.levels[0], a.levels[-1]) - val.values) ** 2)
+    result = tune(artifacts, trials=2, progress=False)
+    pooled = float(np.sqrt(np.mean(np.concatenate(squared))))
+    assert result.record["base_network_val_rmse"] == pytest.approx(pooled)
+    assert result.record["n_validation"] == sum(len(a.held_out) for a in artifacts)
+    alone = tune(artifacts[0], trials=2, progress=False).record["base_network_val_rmse"]
+    assert alone == pytest.approx(float(np.sqrt(np.mean(squared[0]))))
+
+
+def test_folds_choose_nothing_without_refit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from training.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="folds must be at least 1"):
+        TrainConfig(folds=0)
+    data = _data(tmp_path / "data", scramble=False)
+    out = tmp_path / "art"
+    with caplog.at_level("WARNING"):
+        metrics = run_training("csv", data, out, preset_name="default", progress=False, tune_trials=2,
+                               settings={"epochs": "1", "folds": "3", "val_fraction": "0.1"})  # fmt: skip
+    assert "folds=3 unused: refit is off" in caplog.text
+    assert "folds" not in metrics and load_artifact(out).held_out is not None
+    assert len(load_artifact(out).held_out) == metrics["n_val"] > 0  # one carve, as without folds
