@@ -169,8 +169,8 @@ def summarise(
     if previous:
         lines += [
             "",
-            "Beside the previous reproduction's `default` rows (same data, seeds and training preset; its",
-            "inference settings were picked by hand per dataset):",
+            "Beside an earlier reproduction's `default` rows (`--compare`: the same data and seeds, the",
+            "defaults and code of its commit):",
             "",
             *h.table(
                 "| dataset | config | inference | RMSE here | RMSE before | seeds before | recorded at |"
