@@ -72,10 +72,10 @@ def held_out(artifact: Artifact, split: RatingSplit, part: str) -> Entries:
     fraction = float(train_cfg.get("val_fraction", 0.0))
     if fraction <= 0:
         raise DataError(f"{artifact.path}: trained without a validation split; evaluate on 'test'")
-    carve = train_cfg.get("carve_seed")
-    return carve_validation(split.train, fraction, int(train_cfg.get("seed", 0) if carve is None else carve))[
-        1
-    ]
+    seed = train_cfg.get("carve_seed")  # TrainConfig.carve: carve_seed, else the training seed
+    if seed is None:
+        seed = train_cfg.get("seed", 0)
+    return carve_validation(split.train, fraction, int(seed))[1]
 
 
 def evaluate(

@@ -29,10 +29,29 @@ from training.export import write_artifact
 from training.fold_in import choose_and_write, choose_refine
 from training.online import read_online_ratings, with_online
 from training.trainer import train
-from training.tune import DEFAULT_TRIALS, MIN_VALIDATION, TUNING, record_tuning, start_inference, write_tuning
+from training.tune import (
+    DEFAULT_TRIALS,
+    MIN_VALIDATION,
+    TUNING,
+    Tuning,
+    record_tuning,
+    start_inference,
+    write_tuning,
+)
 from training.tune import tune as search_inference  # `tune` is run_training's switch
 
 log = logging.getLogger(__name__)
+
+FOLD_IN_SUMMARY = (
+    "refine",
+    "skipped",
+    "rmse_all",
+    "rmse_new",
+    "difference_95",
+    "fold_in_s_all",
+    "fold_in_s_new",
+)
+"""What the training metrics keep of the fold-in choice's record (training/fold_in.py)."""
 
 
 def split_overrides(
@@ -375,18 +394,9 @@ def _choose_on_folds(
     result = search_inference([load_artifact(d) for d in directories], trials=trials or DEFAULT_TRIALS,
                               timeout=timeout, seed=train_cfg.seed, progress=progress)  # fmt: skip
     write_tuning(fold0, result)
-    r = result.record
-    metrics["tuning"] = {
-        "mode": result.chosen.mode,
-        "trials": r["trials_run"],
-        "seconds": r["seconds"],
-        "best_val_rmse": r["best_val_rmse"],
-        "base_network_val_rmse": r["base_network_val_rmse"],
-        "folds": len(carves),
-    }
+    metrics["tuning"] = {**_tuning_summary(result), "folds": len(carves)}
     record = choose_and_write(fold0, train_cfg.seed)
-    keep = ("refine", "skipped", "rmse_all", "rmse_new", "difference_95", "fold_in_s_all", "fold_in_s_new")
-    metrics["fold_in"] = {k: v for k, v in record.items() if k in keep}
+    metrics["fold_in"] = {k: v for k, v in record.items() if k in FOLD_IN_SUMMARY}
     for directory in directories[1:]:
         shutil.rmtree(directory, ignore_errors=True)
     return metrics
@@ -401,8 +411,7 @@ def _fold_in(directory: Path, config: dict[str, Any], enabled: bool, seed: int) 
     record = choose_refine(load_staged(directory, config), seed)
     if "refine" in record:
         config["fold_in"] = record
-    keep = ("refine", "skipped", "rmse_all", "rmse_new", "difference_95", "fold_in_s_all", "fold_in_s_new")
-    return {k: v for k, v in record.items() if k in keep}
+    return {k: v for k, v in record.items() if k in FOLD_IN_SUMMARY}
 
 
 def _tune(
@@ -435,6 +444,11 @@ def _tune(
         artifact, trials=trials or DEFAULT_TRIALS, timeout=timeout, seed=seed, progress=progress
     )
     record_tuning(directory, config, result, artifact)
+    return _tuning_summary(result)
+
+
+def _tuning_summary(result: Tuning) -> dict[str, Any]:
+    """What the training metrics keep of a search's record."""
     r = result.record
     return {
         "mode": result.chosen.mode,
