@@ -278,6 +278,8 @@ cfg = ModelConfig(n_users=40, n_items=30, levels=(1.0, 2.0, 3.0, 4.0, 5.0), hidd
 tc = TrainConfig(epochs=2, block_rows=10, block_cols=10, seed=dist.get_rank())
 model, _, _ = train(cfg, tc, entries, None, progress=False)
 torch.save(model.state_dict(), sys.argv[1] + f"/rank{dist.get_rank()}.pt")
+dist.barrier()  # as training/cli.py: leave together, or a rank exiting with gloo alive aborts now and then
+dist.destroy_process_group()
 """
 
 
