@@ -6,7 +6,7 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from model.artifact import load_artifact, load_staged
 from model.config import ConfigError, InferenceConfig, ModelConfig
+from model.network import DCMC
 from model.ratings import Ratings
 from training.config import (
     BLOCK_ENTRIES,
@@ -28,7 +29,7 @@ from training.data import Entries, RatingSplit, carve_validation, fold_carves, l
 from training.export import write_artifact
 from training.fold_in import choose_and_write, choose_refine
 from training.online import read_online_ratings, with_online
-from training.trainer import train
+from training.trainer import History, RatingMatrix, train
 from training.tune import (
     DEFAULT_TRIALS,
     MIN_VALIDATION,
@@ -52,6 +53,33 @@ FOLD_IN_SUMMARY = (
     "fold_in_s_new",
 )
 """What the training metrics keep of the fold-in choice's record (training/fold_in.py)."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every network of one `run_training` shares: the carve's, the other folds' and the refit's."""
+
+    data: RatingSplit
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    preset_name: str
+    dataset_record: dict[str, Any]
+    ckpt: Path
+    resume: bool
+    progress: bool
+    rank0: bool
+
+    def fit(
+        self, train_cfg: TrainConfig, entries: Entries, val: Entries | None, name: str
+    ) -> tuple[DCMC, RatingMatrix, History]:
+        """Train one more network of the run; its checkpoints go beside the run's (`<ckpt>.<name>`)."""
+        checkpoints = self.ckpt.parent / f"{self.ckpt.name}.{name}"
+        return train(self.model_cfg, train_cfg, entries, val, checkpoint_dir=checkpoints, resume=self.resume,
+                     progress=self.progress)  # fmt: skip
+
+    def train_record(self, train_cfg: TrainConfig) -> dict[str, Any]:
+        """The training config an artifact of the run records."""
+        return {**train_cfg.to_dict(), "preset": self.preset_name}
 
 
 def split_overrides(
@@ -234,6 +262,7 @@ def run_training(
         metrics["fold_in"] = _fold_in(directory, config, tune, train_cfg.seed)
 
     rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    run = _Run(data, model_cfg, train_cfg, preset_name, dataset_record, ckpt, resume, progress, rank0)
     refit = train_cfg.refit and val_entries is not None and len(val_entries) > 0
     first = out.parent / f".{out.name}.carve" if refit else out  # the carve's artifact, then the refit's
     if carves:
@@ -248,55 +277,32 @@ def run_training(
             user_ids=data.user_ids,
             item_ids=data.item_ids,
             inference=inference,
-            train_config={**train_cfg.to_dict(), "preset": preset_name},
+            train_config=run.train_record(train_cfg),
             dataset=dataset_record,
             metrics=metrics,
             known_field=not searched,
             finish=finish,
         )
     if carves:
-        metrics = _choose_on_folds(first, rank0, carves, data, model_cfg, train_cfg, preset_name,
-                                   dataset_record, inference, metrics, ckpt, resume, progress, tune_trials,
-                                   tune_timeout)  # fmt: skip
+        metrics = _choose_on_folds(run, first, carves, inference, metrics, tune_trials, tune_timeout)
     if refit:
         assert val_entries is not None
-        everything = Entries.concat([train_entries, val_entries])
-        metrics = _refit(out, first, rank0, data, model_cfg, train_cfg, preset_name, dataset_record,
-                         everything, metrics, ckpt, resume, progress)  # fmt: skip
+        metrics = _refit(run, out, first, Entries.concat([train_entries, val_entries]), metrics)
     return metrics
 
 
 def _refit(
-    out: Path,
-    carve: Path,
-    rank0: bool,
-    data: RatingSplit,
-    model_cfg: ModelConfig,
-    train_cfg: TrainConfig,
-    preset_name: str,
-    dataset_record: dict[str, Any],
-    everything: Entries,
-    carve_metrics: dict[str, Any],
-    ckpt: Path,
-    resume: bool,
-    progress: bool,
+    run: _Run, out: Path, carve: Path, everything: Entries, carve_metrics: dict[str, Any]
 ) -> dict[str, Any]:
     """`TrainConfig.refit`: train the network again on every training rating (`everything`), as many
     epochs as the carve's run published, and write it to `out` with the inference settings, their
     tuning record and the fold-in policy chosen on the carve (the artifact at `carve`, removed after)."""
-    epochs = int(carve_metrics["kept_epoch"] or train_cfg.epochs) if train_cfg.keep_best else train_cfg.epochs
-    again = replace(train_cfg, epochs=epochs, keep_best=False)
+    cfg = run.train_cfg
+    epochs = int(carve_metrics["kept_epoch"] or cfg.epochs) if cfg.keep_best else cfg.epochs
+    again = replace(cfg, epochs=epochs, keep_best=False)
     log.info("refit: the network again on all %d training ratings, %d epochs", len(everything), epochs)
     t0 = time.perf_counter()
-    model, matrix, history = train(
-        model_cfg,
-        again,
-        everything,
-        None,
-        checkpoint_dir=ckpt.parent / f"{ckpt.name}.refit",
-        resume=resume,
-        progress=progress,
-    )
+    model, matrix, history = run.fit(again, everything, None, "refit")
     seconds = time.perf_counter() - t0
     last = history.epochs[-1] if history.epochs else {}
     # The carve's figures stay (val_rmse, tuning, fold_in: of the carve's network, on its validation
@@ -312,7 +318,7 @@ def _refit(
             "history": history.epochs,
         },
     }
-    if not rank0:
+    if not run.rank0:
         return metrics
     chosen = json.loads((carve / "config.json").read_text())
 
@@ -327,11 +333,11 @@ def _refit(
         model,
         matrix,
         everything,
-        user_ids=data.user_ids,
-        item_ids=data.item_ids,
+        user_ids=run.data.user_ids,
+        item_ids=run.data.item_ids,
         inference=InferenceConfig.from_dict(chosen["inference"]),
-        train_config={**again.to_dict(), "preset": preset_name},  # again.refit: True
-        dataset=dataset_record,
+        train_config=run.train_record(again),  # again.refit: True
+        dataset=run.dataset_record,
         metrics=metrics,
         finish=finish,
     )
@@ -340,19 +346,11 @@ def _refit(
 
 
 def _choose_on_folds(
+    run: _Run,
     fold0: Path,
-    rank0: bool,
     carves: list[tuple[Entries, Entries]],
-    data: RatingSplit,
-    model_cfg: ModelConfig,
-    train_cfg: TrainConfig,
-    preset_name: str,
-    dataset_record: dict[str, Any],
     inference: InferenceConfig,
     metrics: dict[str, Any],
-    ckpt: Path,
-    resume: bool,
-    progress: bool,
     trials: int | None,
     timeout: float | None,
 ) -> dict[str, Any]:
@@ -365,23 +363,15 @@ def _choose_on_folds(
     for k, (rest, val) in enumerate(carves[1:], start=1):
         log.info("fold %d of %d: %d train / %d validation ratings", k + 1, len(carves), len(rest), len(val))
         t0 = time.perf_counter()
-        model, matrix, history = train(
-            model_cfg,
-            train_cfg,
-            rest,
-            val,
-            checkpoint_dir=ckpt.parent / f"{ckpt.name}.fold{k}",
-            resume=resume,
-            progress=progress,
-        )
+        model, matrix, history = run.fit(run.train_cfg, rest, val, f"fold{k}")
         seconds += time.perf_counter() - t0
         val_rmse.append(history.epochs[-1].get("val_rmse") if history.epochs else None)
         directories.append(fold0.parent / f"{fold0.name.removesuffix('0')}{k}")
-        if rank0:
-            write_artifact(directories[-1], model, matrix, rest, held_out=val, user_ids=data.user_ids,
-                           item_ids=data.item_ids, inference=inference,
-                           train_config={**train_cfg.to_dict(), "preset": preset_name},
-                           dataset=dataset_record, metrics={}, known_field=False)  # fmt: skip
+        if run.rank0:
+            write_artifact(directories[-1], model, matrix, rest, held_out=val, user_ids=run.data.user_ids,
+                           item_ids=run.data.item_ids, inference=inference,
+                           train_config=run.train_record(run.train_cfg), dataset=run.dataset_record,
+                           metrics={}, known_field=False)  # fmt: skip
     metrics = {
         **metrics,
         "train_seconds": round(seconds, 2),
@@ -389,13 +379,14 @@ def _choose_on_folds(
         "folds": {"k": len(carves), "val_rmse": val_rmse, "n_val": [len(v) for _, v in carves]},
         "n_val": sum(len(v) for _, v in carves),
     }
-    if not rank0:
+    if not run.rank0:
         return metrics
+    seed = run.train_cfg.seed
     result = search_inference([load_artifact(d) for d in directories], trials=trials or DEFAULT_TRIALS,
-                              timeout=timeout, seed=train_cfg.seed, progress=progress)  # fmt: skip
+                              timeout=timeout, seed=seed, progress=run.progress)  # fmt: skip
     write_tuning(fold0, result)
     metrics["tuning"] = {**_tuning_summary(result), "folds": len(carves)}
-    record = choose_and_write(fold0, train_cfg.seed)
+    record = choose_and_write(fold0, seed)
     metrics["fold_in"] = {k: v for k, v in record.items() if k in FOLD_IN_SUMMARY}
     for directory in directories[1:]:
         shutil.rmtree(directory, ignore_errors=True)
