@@ -115,14 +115,14 @@ def evaluate(
                 "members of an ensemble with one --set carve_seed=K to score them together on 'val'"
             )
     t0 = time.perf_counter()
+    inferences = [a.inference.with_overrides(overrides or {}) for a in artifacts]
     members = []
-    for artifact in artifacts:
-        inference = artifact.inference.with_overrides(overrides or {})
+    for artifact, inference in zip(artifacts, inferences, strict=True):
         rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
         members.append(predict_ratings(artifact, rows, cols, inference, include_held_out=part != "val"))
     seconds = time.perf_counter() - t0
     pred = np.mean(members, axis=0)
-    inference = artifacts[0].inference.with_overrides(overrides or {})
+    inference = inferences[0]
     result = {
         "dataset": where[0],
         "split": where[1],

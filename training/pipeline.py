@@ -70,10 +70,11 @@ class _Run:
     rank0: bool
 
     def fit(
-        self, train_cfg: TrainConfig, entries: Entries, val: Entries | None, name: str
+        self, train_cfg: TrainConfig, entries: Entries, val: Entries | None, name: str | None = None
     ) -> tuple[DCMC, RatingMatrix, History]:
-        """Train one more network of the run; its checkpoints go beside the run's (`<ckpt>.<name>`)."""
-        checkpoints = self.ckpt.parent / f"{self.ckpt.name}.{name}"
+        """Train a network of the run: the first's checkpoints go to `ckpt`, another's beside them
+        (`<ckpt>.<name>`)."""
+        checkpoints = self.ckpt if name is None else self.ckpt.parent / f"{self.ckpt.name}.{name}"
         return train(self.model_cfg, train_cfg, entries, val, checkpoint_dir=checkpoints, resume=self.resume,
                      progress=self.progress)  # fmt: skip
 
@@ -223,16 +224,10 @@ def run_training(
     )
     out = Path(out)
     ckpt = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{out.name}.ckpt"
+    rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    run = _Run(data, model_cfg, train_cfg, preset_name, dataset_record, ckpt, resume, progress, rank0)
     t0 = time.perf_counter()
-    model, matrix, history = train(
-        model_cfg,
-        train_cfg,
-        train_entries,
-        val_entries,
-        checkpoint_dir=ckpt,
-        resume=resume,
-        progress=progress,
-    )
+    model, matrix, history = run.fit(train_cfg, train_entries, val_entries)
     seconds = time.perf_counter() - t0
     last = history.epochs[-1] if history.epochs else {}
     if history.best is not None:  # keep_best: the published network is that epoch's
@@ -261,8 +256,6 @@ def run_training(
                                       train_cfg.seed, tune_trials, tune_timeout, progress)  # fmt: skip
         metrics["fold_in"] = _fold_in(directory, config, tune, train_cfg.seed)
 
-    rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-    run = _Run(data, model_cfg, train_cfg, preset_name, dataset_record, ckpt, resume, progress, rank0)
     refit = train_cfg.refit and val_entries is not None and len(val_entries) > 0
     first = out.parent / f".{out.name}.carve" if refit else out  # the carve's artifact, then the refit's
     if carves:
