@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -310,3 +310,47 @@ class DCMC(nn.Module):
         compat: torch.Tensor = self.compat  # type: ignore[assignment]  # a registered buffer
         log_q = mean_field(log_p, sim, compat, self.config.gamma, layers, normalized)
         return log_p, log_q, sim
+
+
+def _block_diagonal(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """The matrices on the diagonal of one, zeros elsewhere."""
+    out: torch.Tensor = torch.block_diag(*blocks)  # type: ignore[no-untyped-call]
+    return out
+
+
+@torch.no_grad()
+def fuse(members: list[DCMC]) -> DCMC:
+    """One network that serves N trained networks of one config side by side (eval mode): each branch's
+    embedding is the members' embeddings concatenated (d -> N d) and the decoder averages their scores,
+    G_ij^u = (1/N) sum_n U_{n,i}^T B_n^u V_{n,j}, so its softmax is the members' geometric mean
+    distribution, renormalised. An ordinary DCMC (config `hidden` N times as wide; the first layers read
+    the same input, the later ones are block diagonal), so the exporter, the ONNX graphs, the artifact
+    and the service need nothing else; the scaled cosine of the concatenated embeddings weighs each
+    member's cosine by its share of the norms. Not trainable as an ensemble (BatchNorm in training mode
+    would mix the members' batches); train the members, then fuse."""
+    if not members:
+        raise ValueError("fuse needs at least one network")
+    cfg = members[0].config
+    if any(m.config != cfg for m in members[1:]):
+        raise ValueError("the networks of an ensemble share one ModelConfig")
+    if len(members) == 1:
+        return members[0]
+    n = len(members)
+    wide = DCMC(replace(cfg, hidden=tuple(n * h for h in cfg.hidden)))
+    for branch in ("row_branch", "col_branch"):
+        layers = zip(getattr(wide, branch), *(getattr(m, branch) for m in members), strict=True)
+        for target, *parts in layers:
+            if isinstance(target, RatingInput):  # one input, the members' units side by side
+                target.weight.copy_(torch.cat([p.weight for p in parts], dim=1))
+                target.bias.copy_(torch.cat([p.bias for p in parts]))
+            elif isinstance(target, nn.Linear):  # each member's units read its own
+                target.weight.copy_(_block_diagonal([p.weight for p in parts]))
+                target.bias.copy_(torch.cat([p.bias for p in parts]))
+            elif isinstance(target, nn.BatchNorm1d):
+                for name in ("weight", "bias", "running_mean", "running_var"):
+                    getattr(target, name).copy_(torch.cat([getattr(p, name) for p in parts]))
+                if len({p.eps for p in parts} | {target.eps}) != 1:
+                    raise ValueError("the members' BatchNorm layers differ")
+    levels = range(cfg.n_levels)
+    wide.bilinear.copy_(torch.stack([_block_diagonal([m.bilinear[u] for m in members]) for u in levels]) / n)
+    return wide.eval()

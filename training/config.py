@@ -67,6 +67,10 @@ class TrainConfig:
     network trains without its fold, and the search scores a candidate over every training rating, each
     predicted by the network that did not train on it (`folds` networks before the refit, not one; not in
     the paper; 1 = one carve)."""
+    ensemble: int = 1
+    """Train this many networks (seeds `seed + k * 1000`) and publish their fusion: one network whose
+    embeddings are theirs side by side and whose decoder averages their scores (model.network.fuse; not in
+    the paper; N times the networks' training, and an N times wider network to serve)."""
     checkpoint_every: int = 10
     """Write a resumable checkpoint every this many epochs (and at the end)."""
     seed: int = 0
@@ -95,6 +99,10 @@ class TrainConfig:
             raise ConfigError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
         if self.folds < 1:
             raise ConfigError(f"folds must be at least 1, got {self.folds}")
+        if self.ensemble < 1:
+            raise ConfigError(f"ensemble must be at least 1, got {self.ensemble}")
+        if self.ensemble > 1 and self.keep_best:
+            raise ConfigError("ensemble > 1 with keep_best: the members would keep different epochs; use one")
         if self.beta < 0 or self.sigma2 <= 0 or self.checkpoint_every < 1 or self.rating_mse < 0:
             raise ConfigError("beta and rating_mse must be >= 0, sigma2 > 0, checkpoint_every >= 1")
 

@@ -29,7 +29,7 @@ from training.data import Entries, RatingSplit, carve_validation, fold_carves, l
 from training.export import write_artifact
 from training.fold_in import choose_and_write, choose_refine
 from training.online import read_online_ratings, with_online
-from training.trainer import History, RatingMatrix, train
+from training.trainer import MEMBER_SEED_STEP, History, RatingMatrix, train_ensemble
 from training.tune import (
     DEFAULT_TRIALS,
     MIN_VALIDATION,
@@ -75,8 +75,8 @@ class _Run:
         """Train a network of the run: the first's checkpoints go to `ckpt`, another's beside them
         (`<ckpt>.<name>`)."""
         checkpoints = self.ckpt if name is None else self.ckpt.parent / f"{self.ckpt.name}.{name}"
-        return train(self.model_cfg, train_cfg, entries, val, checkpoint_dir=checkpoints, resume=self.resume,
-                     progress=self.progress)  # fmt: skip
+        return train_ensemble(self.model_cfg, train_cfg, entries, val, checkpoint_dir=checkpoints,
+                              resume=self.resume, progress=self.progress)  # fmt: skip
 
     def train_record(self, train_cfg: TrainConfig) -> dict[str, Any]:
         """The training config an artifact of the run records."""
@@ -243,6 +243,11 @@ def run_training(
         "n_val": len(val_entries or []),
         "history": history.epochs,
     }
+    if history.members:  # an ensemble: each member network's own validation figure
+        metrics["members"] = [
+            {"seed": train_cfg.seed + k * MEMBER_SEED_STEP, "val_rmse": h.epochs[-1].get("val_rmse")}
+            for k, h in enumerate(history.members)
+        ]
     # The search writes the field of its choice: no field of the starting settings before it.
     searched = chosen.tune and tune and not inference_over and len(val_entries or []) >= MIN_VALIDATION
     if carves and not searched:

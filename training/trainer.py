@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from model.config import ModelConfig
 from model.engine import nearest_level
-from model.network import DCMC, RatingInput, SparseRows
+from model.network import DCMC, RatingInput, SparseRows, fuse
 from model.ratings import LineIndex, Ratings
 from training.config import TrainConfig
 from training.data import Entries
@@ -54,6 +54,8 @@ class History:
     best: dict[str, Any] | None = None
     """With `keep_best`: the epoch of the lowest validation RMSE so far ("epoch", "val_rmse") and the
     published network's state then ("state")."""
+    members: list[History] = field(default_factory=list)
+    """An ensemble's (`train_ensemble`): each member network's own history."""
 
 
 class RatingMatrix:
@@ -405,6 +407,56 @@ def train(
         if not torch.isfinite(p).all():
             raise TrainingError(f"parameter {name} holds NaN/inf after training")
     return model, matrix, history
+
+
+MEMBER_SEED_STEP = 1000
+"""Member k of an ensemble trains with seed `seed + k * MEMBER_SEED_STEP`: member 0 is the single network of
+that seed, and runs of seeds 0..999 share no member."""
+
+
+def train_ensemble(
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    train_entries: Entries,
+    val_entries: Entries | None,
+    *,
+    checkpoint_dir: Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> tuple[DCMC, RatingMatrix, History]:
+    """`train` for `TrainConfig.ensemble` networks: each trains on its own (seed + k * MEMBER_SEED_STEP;
+    member 0's checkpoints in `checkpoint_dir`, member k's beside it as `<name>.m<k>`), and the published
+    network is their fusion (model.network.fuse). Its history's epochs hold the members' mean loss and, at
+    the last, the fused network's validation figures; `members` each member's history."""
+    n = train_config.ensemble
+    if n == 1:
+        return train(model_config, train_config, train_entries, val_entries, checkpoint_dir=checkpoint_dir,
+                     resume=resume, progress=progress)  # fmt: skip
+    networks, histories = [], []
+    for k in range(n):
+        member_cfg = replace(train_config, seed=train_config.seed + k * MEMBER_SEED_STEP, ensemble=1)
+        ckpt = checkpoint_dir if k == 0 or checkpoint_dir is None else (
+            checkpoint_dir.parent / f"{checkpoint_dir.name}.m{k}"
+        )  # fmt: skip
+        log.info("ensemble member %d of %d (seed %d)", k + 1, n, member_cfg.seed)
+        network, matrix, history = train(model_config, member_cfg, train_entries, val_entries,
+                                         checkpoint_dir=ckpt, resume=resume, progress=progress)  # fmt: skip
+        networks.append(network)
+        histories.append(history)
+    fused = fuse(networks)
+    epochs = [
+        {
+            "epoch": records[0]["epoch"],
+            "loss": float(np.mean([r["loss"] for r in records])),
+            "seconds": float(sum(r["seconds"] for r in records)),
+        }
+        for records in zip(*(h.epochs for h in histories), strict=True)
+    ]
+    if epochs and val_entries is not None and len(val_entries):
+        user_emb, item_emb = embed_all(fused, matrix)
+        pred = base_predictions(fused, user_emb, item_emb, val_entries)
+        epochs[-1]["val_rmse"], epochs[-1]["val_mae"] = rmse_mae(pred, val_entries.values)
+    return fused, matrix, History(epochs=epochs, members=histories)
 
 
 def _sparse_ids(model: DCMC) -> set[int]:

@@ -232,3 +232,45 @@ def test_block_scores_equal_the_paired_scores_and_their_gradients(n_rows: int, n
     assert torch.allclose(block, paired, atol=1e-12)
     for a, b in zip(block_grads, paired_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-12)
+
+
+def _trained_like(cfg: ModelConfig, seed: int) -> DCMC:
+    """A network with random weights and BatchNorm statistics (eval mode), as training leaves one."""
+    torch.manual_seed(seed)
+    net = DCMC(cfg)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.normal_()
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.normal_()
+                m.bias.normal_()
+    return net.eval()
+
+
+def test_fused_networks_concatenate_embeddings_and_average_scores() -> None:
+    from model.network import fuse
+
+    cfg = ModelConfig(n_users=9, n_items=11, levels=(1.0, 2.0, 3.0), hidden=(8, 4), input_scaling="sqrt",
+                      input_center=2.0)  # fmt: skip
+    members = [_trained_like(cfg, s) for s in range(3)]
+    wide = fuse(members)
+    assert wide.config.hidden == (24, 12) and not wide.training
+    rng = np.random.default_rng(0)
+    rows = torch.tensor(rng.integers(0, 4, size=(5, 11)), dtype=torch.float32)
+    cols = torch.tensor(rng.integers(0, 4, size=(6, 9)), dtype=torch.float32)
+    u, v = wide.embed_rows(rows), wide.embed_cols(cols)
+    assert torch.allclose(u, torch.cat([m.embed_rows(rows) for m in members], dim=1), atol=1e-5)
+    assert torch.allclose(v, torch.cat([m.embed_cols(cols) for m in members], dim=1), atol=1e-5)
+    paired = [(m.embed_rows(rows)[:5], m.embed_cols(cols)[:5]) for m in members]
+    mean_scores = torch.stack([m.scores(a, b) for m, (a, b) in zip(members, paired, strict=True)]).mean(0)
+    assert torch.allclose(wide.scores(u[:5], v[:5]), mean_scores, atol=1e-5)
+    # The softmax of the averaged scores is the members' geometric mean distribution, renormalised.
+    logp = torch.stack(
+        [torch.log_softmax(m.scores(a, b), -1) for m, (a, b) in zip(members, paired, strict=True)]
+    )
+    geo = torch.softmax(logp.mean(0), -1)
+    assert torch.allclose(torch.softmax(wide.scores(u[:5], v[:5]), -1), geo, atol=1e-5)
+    assert fuse(members[:1]) is members[0]
+    with pytest.raises(ValueError, match="share one ModelConfig"):
+        fuse([members[0], _trained_like(ModelConfig(n_users=9, n_items=11, levels=(1.0, 2.0, 3.0)), 0)])
