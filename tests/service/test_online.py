@@ -720,3 +720,29 @@ def test_after_compaction_a_worker_of_an_older_artifact_folds_in_the_compacted_h
         for user in users:
             np.testing.assert_allclose(_predict(fresh.client, user), answers[user], rtol=0, atol=1e-9)
         assert fresh.client.post("/predict", json={"user": "leaver", "items": ITEMS}).status_code == 404
+
+
+def test_an_ensemble_artifact_serves_and_folds_in_like_any_other(
+    tmp_path: Path, synthetic_csv: Path, durable_redis: RedisServer
+) -> None:
+    """`--set ensemble=2`: one fused network of twice the width; the service reads it as any artifact."""
+    from model.artifact import load_artifact
+    from training.evaluate import predict_ratings
+    from training.pipeline import run_training
+
+    out = tmp_path / "pair"
+    run_training("csv", synthetic_csv, out, split="random", preset_name="tiny", settings={"ensemble": "2"},
+                 progress=False)  # fmt: skip
+    artifact = load_artifact(out)
+    assert artifact.config.hidden == (64, 32) and artifact.meta["train"]["ensemble"] == 2  # tiny: (32, 16)
+    assert artifact.user_embeddings.shape[1] == 32
+    with _app(out, durable_redis) as api:
+        rows = artifact.users.indices(["u3"] * len(ITEMS))
+        expected = predict_ratings(artifact, rows, artifact.items.indices(ITEMS), artifact.inference)
+        np.testing.assert_allclose(_predict(api.client, "u3"), expected, rtol=0, atol=1e-12)
+        last = _write(api.client, _ratings("fresh", [("i1", 5), ("i2", 1), ("i7", 4)]))
+        first = _predict(api.client, "fresh", after=last)
+        assert np.isfinite(first).all()
+        assert len(api.client.get("/similar-users/fresh", params={"k": 3}).json()["similar"]) == 3
+    with _app(out, durable_redis) as restarted:  # the stream replayed through the fused row branch
+        np.testing.assert_allclose(_predict(restarted.client, "fresh"), first, rtol=0, atol=1e-12)
