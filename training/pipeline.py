@@ -29,7 +29,7 @@ from training.data import Entries, RatingSplit, carve_validation, fold_carves, l
 from training.export import write_artifact
 from training.fold_in import choose_and_write, choose_refine
 from training.online import read_online_ratings, with_online
-from training.trainer import MEMBER_SEED_STEP, History, RatingMatrix, train_ensemble
+from training.trainer import History, RatingMatrix, member_seed, train_ensemble
 from training.tune import (
     DEFAULT_TRIALS,
     MIN_VALIDATION,
@@ -245,7 +245,7 @@ def run_training(
     }
     if history.members:  # an ensemble: each member network's own validation figure
         metrics["members"] = [
-            {"seed": train_cfg.seed + k * MEMBER_SEED_STEP, "val_rmse": h.epochs[-1].get("val_rmse")}
+            {"seed": member_seed(train_cfg.seed, k), "val_rmse": h.epochs[-1].get("val_rmse")}
             for k, h in enumerate(history.members)
         ]
     # The search writes the field of its choice: no field of the starting settings before it.

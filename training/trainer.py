@@ -409,9 +409,10 @@ def train(
     return model, matrix, history
 
 
-MEMBER_SEED_STEP = 1000
-"""Member k of an ensemble trains with seed `seed + k * MEMBER_SEED_STEP`: member 0 is the single network of
-that seed, and runs of seeds 0..999 share no member."""
+def member_seed(seed: int, k: int) -> int:
+    """The seed of member k of an ensemble of the run seeded `seed`: seed + 1000 k. Member 0 is the single
+    network of that seed, and runs of seeds 0..999 share no member."""
+    return seed + 1000 * k
 
 
 def train_ensemble(
@@ -424,7 +425,7 @@ def train_ensemble(
     resume: bool = False,
     progress: bool = True,
 ) -> tuple[DCMC, RatingMatrix, History]:
-    """`train` for `TrainConfig.ensemble` networks: each trains on its own (seed + k * MEMBER_SEED_STEP;
+    """`train` for `TrainConfig.ensemble` networks: each trains on its own (`member_seed`;
     member 0's checkpoints in `checkpoint_dir`, member k's beside it as `<name>.m<k>`), and the published
     network is their fusion (model.network.fuse). Its history's epochs hold the members' mean loss and, at
     the last, the fused network's validation figures; `members` each member's history."""
@@ -434,7 +435,7 @@ def train_ensemble(
                      resume=resume, progress=progress)  # fmt: skip
     networks, histories = [], []
     for k in range(n):
-        member_cfg = replace(train_config, seed=train_config.seed + k * MEMBER_SEED_STEP, ensemble=1)
+        member_cfg = replace(train_config, seed=member_seed(train_config.seed, k), ensemble=1)
         ckpt = checkpoint_dir if k == 0 or checkpoint_dir is None else (
             checkpoint_dir.parent / f"{checkpoint_dir.name}.m{k}"
         )  # fmt: skip
