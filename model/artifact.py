@@ -4,6 +4,8 @@ An artifact is a directory of plain files (no pickles):
 
     manifest.json        format version, model version and the sha256 of every other file
     config.json          {"model": ModelConfig, "inference": InferenceConfig, "train": ..., "dataset": ...}
+                         and, where the training averaged several searches (`TrainConfig.searches`),
+                         "inference_averaged": [InferenceConfig, ...], the other searches' settings
     levels.npy           (p,) float64 rating levels
     user_ids.json        external user ids, position = user_idx
     item_ids.json        external item ids, position = item_idx
@@ -41,7 +43,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +61,8 @@ MANIFEST = "manifest.json"
 KNOWN_FIELD = "known_field.npz"
 FIELD_KEY = "known_field.json"
 HELD_OUT = "held_out_ratings.npz"
+AVERAGED = "inference_averaged"
+"""config.json's list of the settings averaged with "inference"'s (`Artifact.averaged`)."""
 BASELINE = "baseline.npz"
 """The bias baseline's fit to the known ratings with the fold-in's penalties (`save_baseline`): what a
 service worker would otherwise refit at every start-up (37 s of a 40 s start-up on the synthetic ml-10m)."""
@@ -292,7 +296,15 @@ class Artifact:
     known_field: StoredField | None = None
     baseline: StoredBiases | None = None
     """The bias baseline's fit to the known ratings (`BASELINE`), where the artifact holds one."""
+    averaged: tuple[InferenceConfig, ...] = ()
+    """The settings of the training's other searches (`TrainConfig.searches`), whose final distributions
+    are averaged with `inference`'s (config.json `inference_averaged`); none for a single setting."""
     _known: Ratings | None = field(default=None, init=False, repr=False)
+
+    def settings(self, overrides: Mapping[str, Any] | None = None) -> tuple[InferenceConfig, ...]:
+        """Every inference setting the artifact serves, `inference` first, each with `overrides` (dotted
+        names) applied: one, or those of several searches whose predictions are averaged."""
+        return tuple(s.with_overrides(dict(overrides or {})) for s in (self.inference, *self.averaged))
 
     @property
     def levels(self) -> np.ndarray:
@@ -462,6 +474,7 @@ def load_artifact(directory: str | Path) -> Artifact:
         config = json.loads(files.path("config.json").read_text())
         model_config = ModelConfig.from_dict(config["model"])
         inference = InferenceConfig.from_dict(config.get("inference", {}))
+        averaged = tuple(InferenceConfig.from_dict(d) for d in config.get(AVERAGED, []))
         users = IdMap("user", json.loads(files.path("user_ids.json").read_text()))
         items = IdMap("item", json.loads(files.path("item_ids.json").read_text()))
         with np.load(files.path("train_ratings.npz"), allow_pickle=False) as z:
@@ -508,7 +521,7 @@ def load_artifact(directory: str | Path) -> Artifact:
         model_version=manifest["model_version"],
         config=model_config,
         inference=inference,
-        meta={k: v for k, v in config.items() if k not in ("model", "inference")},
+        meta={k: v for k, v in config.items() if k not in ("model", "inference", AVERAGED)},
         users=users,
         items=items,
         train=train,
@@ -518,6 +531,7 @@ def load_artifact(directory: str | Path) -> Artifact:
         bilinear=bilinear,
         known_field=field,
         baseline=baseline,
+        averaged=averaged,
     )
 
 

@@ -104,7 +104,7 @@ class FoldIn:
     def __init__(
         self,
         artifact: Artifact,
-        inference: InferenceConfig,
+        inference: InferenceConfig | Sequence[InferenceConfig],
         embed_rows: Embed,
         embed_cols: Embed,
         refine_trained: bool = True,
@@ -131,7 +131,7 @@ class FoldIn:
         self._new_items: dict[int, dict[int, float]] = {}  # new item -> user -> rating
         self._embedded = np.ones(len(self._items), dtype=bool)  # new items: once the column branch can
         base = self._base
-        output = inference.output
+        output = (inference if isinstance(inference, InferenceConfig) else inference[0]).output
         stored = artifact.baseline
         if (
             isinstance(scorer, ExactScorer)

@@ -5,11 +5,14 @@
     exact    model/exact/: the CRF over every known entry with exact messages
 
 Each scorer precomputes what it needs at construction and then answers `predict(rows, cols, probs)`.
+`MeanScorer` averages the final distributions of several settings of one network (an artifact whose
+training averaged several searches: `TrainConfig.searches`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -18,7 +21,8 @@ from model.artifact import Artifact, StoredField
 from model.config import ConfigError, InferenceConfig, ModelConfig, resolve_crf
 from model.engine import Network
 from model.exact import ExactParts, ExactScorer, RowParts
-from model.exact.explain import NO_TERMS, CannotExplain, Explanation
+from model.exact.baseline import baseline_mixture
+from model.exact.explain import NO_TERMS, CannotExplain, Explanation, explain_mean
 from model.paper import PaperScorer
 from model.ratings import Ratings
 from model.types import FloatArray, IntArray
@@ -129,6 +133,106 @@ class NetworkScorer:
         raise CannotExplain(NO_TERMS.format(mode="none"))
 
 
+@dataclass(frozen=True)
+class MeanParts(RowParts):
+    """A `MeanScorer`'s row parts: each member's, in order (the inherited fields are the first's)."""
+
+    members: tuple[RowParts, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.members)
+
+
+class MeanScorer:
+    """The mean of the final distributions of several scorers of one network and one set of known ratings
+    (the settings of several searches: `TrainConfig.searches`). Each member mixes its own bias baseline
+    in, so the mean is returned mixed (`baseline_weight` 0). Its expected rating is the members' mean, so
+    a known rating's effect on it is the mean of its effects on the members: explanations stay exact."""
+
+    baseline_weight = 0.0
+
+    def __init__(self, members: Sequence[Scorer], levels: FloatArray) -> None:
+        if len(members) < 2:
+            raise ValueError(f"a mean of scorers needs at least two, got {len(members)}")
+        self.members = tuple(members)
+        self.levels = levels
+        self.blocking = any(m.blocking for m in self.members)
+
+    def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
+        """The members' final distributions, averaged."""
+        out = self.members[0].predict(rows, cols, query_probs)
+        for member in self.members[1:]:
+            out += member.predict(rows, cols, query_probs)
+        out /= len(self.members)
+        return out
+
+    def unmixed(
+        self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """`predict`'s mean, each member's baseline already mixed in: no baseline left."""
+        return self.predict(rows, cols, query_probs), None
+
+    def row_parts(self, user: int, previous: RowParts | None = None) -> MeanParts | None:
+        """Each member's parts (updated from `previous`'s where given); None when a member has none."""
+        before = previous.members if isinstance(previous, MeanParts) else (None,) * len(self.members)
+        parts = [m.row_parts(user, p) for m, p in zip(self.members, before, strict=True)]
+        if any(p is None for p in parts):
+            return None
+        first = parts[0]
+        assert first is not None
+        return MeanParts(user, first.scores, first.own, members=tuple(p for p in parts if p is not None))
+
+    def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
+        """`unmixed` from each member's parts: the mean of the members' mixed distributions."""
+        assert isinstance(parts, MeanParts)
+        out: FloatArray | None = None
+        for member, own in zip(self.members, parts.members, strict=True):
+            dist, baseline = member.from_parts(own, cols)
+            if baseline is not None:
+                dist = baseline_mixture(dist, baseline, self.levels, member.baseline_weight)
+            out = dist if out is None else out + dist
+        assert out is not None
+        out /= len(self.members)
+        return out, None
+
+    def updated(
+        self,
+        network: Network,
+        known: Ratings,
+        users: IntArray,
+        items: IntArray | None = None,
+        tables: Mapping[str, np.ndarray] | None = None,
+    ) -> MeanScorer:
+        """Each member updated (`tables`: each member's under its prefix `m<k>.`)."""
+        tables = tables or {}
+        members = [
+            m.updated(network, known, users, items, _member_tables(tables, k))
+            for k, m in enumerate(self.members)
+        ]
+        return MeanScorer(members, self.levels)
+
+    def online_tables(self) -> dict[str, np.ndarray]:
+        """Each member's, its names prefixed `m<k>.`."""
+        return {
+            f"m{k}.{name}": a for k, m in enumerate(self.members) for name, a in m.online_tables().items()
+        }
+
+    def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
+        """The known ratings of largest mean effect over the members (all `exact` with clamped known
+        entries, or CannotExplain)."""
+        exact = [m for m in self.members if isinstance(m, ExactScorer)]
+        if len(exact) < len(self.members):
+            raise CannotExplain(NO_TERMS.format(mode="a mean with another mode"))
+        return explain_mean(exact, user, items, k)
+
+
+def _member_tables(tables: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray] | None:
+    prefix = f"m{k}."
+    mine = {name.removeprefix(prefix): a for name, a in tables.items() if name.startswith(prefix)}
+    return mine or None
+
+
 def build_scorer(
     network: Network,
     known: Ratings,
@@ -163,15 +267,24 @@ def load_network(artifact: Artifact, config: ModelConfig | None = None) -> Netwo
 
 
 def artifact_scorer(
-    artifact: Artifact, inference: InferenceConfig | None = None, include_held_out: bool = True
-) -> tuple[Network, PaperScorer | ExactScorer | NetworkScorer]:
-    """The network and the scorer of an artifact under `inference` (default: its own setting).
-    `include_held_out=False` leaves the held-out validation ratings out of the known ratings (to score
-    those very ratings), and the stored field, computed with them, too."""
+    artifact: Artifact,
+    inference: InferenceConfig | Sequence[InferenceConfig] | None = None,
+    include_held_out: bool = True,
+) -> tuple[Network, Scorer]:
+    """The network and the scorer of an artifact under `inference` (default: its own settings,
+    `Artifact.settings()`); several settings make a `MeanScorer`. `include_held_out=False` leaves the
+    held-out validation ratings out of the known ratings (to score those very ratings), and the stored
+    field, computed with them, too."""
     network = load_network(artifact)
     known = artifact.known(include_held_out)
     stored = artifact.stored_field(include_held_out)
-    return network, build_scorer(network, known, inference or artifact.inference, stored)
+    if inference is None:
+        inference = artifact.settings()
+    settings = [inference] if isinstance(inference, InferenceConfig) else list(inference)
+    members = [build_scorer(network, known, s, stored) for s in settings]
+    if len(members) == 1:
+        return network, members[0]
+    return network, MeanScorer(members, network.levels)
 
 
 def predict_distributions(

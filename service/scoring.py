@@ -102,8 +102,12 @@ class ServedModel:
         self.artifact = artifact
         self.version = artifact.model_version
         self.model_config = artifact.config
-        self.inference = effective_inference(artifact.inference, settings)
-        check_inference(self.inference, self.model_config)
+        # Every setting served (one, or several searches' averaged: `Artifact.averaged`), overrides applied.
+        self.inferences = artifact.settings(inference_overrides(settings))
+        self.inference = self.inferences[0]
+        for inference in self.inferences:
+            check_inference(inference, self.model_config)
+        modes = {inference.mode for inference in self.inferences}
         self.levels = artifact.levels
         self.metrics = metrics
         self.onnx = OnnxNetwork(artifact.files, threads=settings.onnx_threads)
@@ -112,17 +116,17 @@ class ServedModel:
         # A query's answer depends on its own entry only in `none` and `exact` (the `paper` mode's blocks
         # couple the queries asked together), so only those can answer from a user's cached row.
         self.rows = UserRows(
-            int(settings.user_cache_mb * 2**20) if self.inference.mode != "paper" else 0,
+            int(settings.user_cache_mb * 2**20) if "paper" not in modes else 0,
             settings.answer_staleness_s,
         )
         self._row_hit, self._row_fill = metrics.user_rows.labels("hit"), metrics.user_rows.labels("fill")
         self._row_stale_hit = metrics.user_rows.labels("stale_hit")
-        self.parts = UserParts(int(settings.user_parts_mb * 2**20) if self.inference.mode == "exact" else 0)
+        self.parts = UserParts(int(settings.user_parts_mb * 2**20) if modes == {"exact"} else 0)
         # Whether a row is made from the user's row parts (`_row`), which the ski rental counts in.
         self.rows_from_parts = (
             self.parts.max_bytes > 0
-            and self.inference.mode == "exact"
-            and self.inference.kernel.known == "clamped"
+            and modes == {"exact"}
+            and all(inference.kernel.known == "clamped" for inference in self.inferences)
         )
         self._parts_hit = metrics.user_rows.labels("parts_hit")
         self._parts_fill = metrics.user_rows.labels("parts_fill")
@@ -130,17 +134,18 @@ class ServedModel:
         start = time.perf_counter()
         self.fold = FoldIn(
             artifact,
-            self.inference,
+            self.inferences,
             self._embed_rows,
             self._embed_cols,
             refine_trained=fold_in_refine(artifact, settings) == "all",
         )
         source = getattr(self.fold.state.scorer, "field_source", None)
         log.info(
-            "model %s ready in %.2fs (inference %s%s; fold-in refines %s)",
+            "model %s ready in %.2fs (inference %s%s%s; fold-in refines %s)",
             self.version,
             time.perf_counter() - start,
             self.inference.mode,
+            f", {len(self.inferences)} settings averaged" if len(self.inferences) > 1 else "",
             f", known field {source}" if source else "",
             "every rating user" if self.fold.refine_trained else "users without training ratings only",
         )
@@ -160,7 +165,15 @@ class ServedModel:
         self.snapshots: SnapshotStore | None = None
         # What shapes the fold-in state besides the artifact and the ratings: a snapshot must match it.
         self.fingerprint = fingerprint(
-            {"inference": self.inference.to_dict(), "refine_trained": self.fold.refine_trained}
+            {
+                "inference": self.inference.to_dict(),
+                "refine_trained": self.fold.refine_trained,
+                **(
+                    {"averaged": [i.to_dict() for i in self.inferences[1:]]}
+                    if len(self.inferences) > 1
+                    else {}
+                ),
+            }
         )
         self._identity: str | None = None
         self._snapshot_checked = 0.0

@@ -130,8 +130,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from model.scorers import artifact_scorer
 
     artifact = load_artifact(args.artifacts)
-    inference = artifact.inference.with_overrides(_inference_overrides(args.set, "explain"))
-    _, scorer = artifact_scorer(artifact, inference)
+    _, scorer = artifact_scorer(artifact, artifact.settings(_inference_overrides(args.set, "explain")))
     user = artifact.users.indices([args.user])[0]
     items = artifact.items.indices(args.item)
     if args.k < 1:

@@ -67,6 +67,12 @@ class TrainConfig:
     network trains without its fold, and the search scores a candidate over every training rating, each
     predicted by the network that did not train on it (`folds` networks before the refit, not one; not in
     the paper; 1 = one carve)."""
+    searches: int = 1
+    """With `refit`, on a dataset without a validation split and one carve (`folds` 1): search the
+    inference settings this many times, each on its own `val_fraction` carve (seeds `carve`, `carve + 1`,
+    ...) with its own network, and serve the mean of the settings' final distributions on the refit
+    network (model.scorers.MeanScorer; not in the paper; 1 = one search). Costs `searches` carve networks
+    before the refit, and one CRF per setting at serving."""
     ensemble: int = 1
     """Train this many networks (seeds `seed + k * 1000`) and publish their fusion: one network whose
     embeddings are theirs side by side and whose decoder averages their scores (model.network.fuse; not in
@@ -99,6 +105,13 @@ class TrainConfig:
             raise ConfigError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
         if self.folds < 1:
             raise ConfigError(f"folds must be at least 1, got {self.folds}")
+        if self.searches < 1:
+            raise ConfigError(f"searches must be at least 1, got {self.searches}")
+        if self.searches > 1 and (not self.refit or self.folds > 1):
+            raise ConfigError(
+                "searches > 1 needs refit=true and folds=1: each search has its own carve's network, and "
+                "the published network is refit on every training rating"
+            )
         if self.ensemble < 1:
             raise ConfigError(f"ensemble must be at least 1, got {self.ensemble}")
         if self.ensemble > 1 and self.keep_best:

@@ -42,11 +42,12 @@ def predict_ratings(
     artifact: Artifact,
     rows: np.ndarray,
     cols: np.ndarray,
-    inference: InferenceConfig,
+    inference: InferenceConfig | Sequence[InferenceConfig],
     include_held_out: bool = True,
 ) -> np.ndarray:
-    """Expected ratings of artifact-indexed entries under `inference`; `include_held_out=False` when
-    scoring the held-out validation ratings themselves (they must not be known ratings then)."""
+    """Expected ratings of artifact-indexed entries under `inference` (several settings: the mean of
+    their distributions); `include_held_out=False` when scoring the held-out validation ratings
+    themselves (they must not be known ratings then)."""
     network, scorer = artifact_scorer(artifact, inference, include_held_out)
     return expected_rating(predict_distributions(network, scorer, rows, cols), artifact.levels)
 
@@ -115,14 +116,14 @@ def evaluate(
                 "members of an ensemble with one --set carve_seed=K to score them together on 'val'"
             )
     t0 = time.perf_counter()
-    inferences = [a.inference.with_overrides(overrides or {}) for a in artifacts]
+    inferences = [a.settings(overrides) for a in artifacts]
     members = []
     for artifact, inference in zip(artifacts, inferences, strict=True):
         rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
         members.append(predict_ratings(artifact, rows, cols, inference, include_held_out=part != "val"))
     seconds = time.perf_counter() - t0
     pred = np.mean(members, axis=0)
-    inference = inferences[0]
+    inference, *averaged = inferences[0]
     result = {
         "dataset": where[0],
         "split": where[1],
@@ -132,6 +133,7 @@ def evaluate(
         **_errors(pred, entries.values),
         "n": len(entries),
         "settings": read_settings(inference),
+        **({"averaged": [read_settings(a) for a in averaged]} if averaged else {}),
         "seconds": round(seconds, 3),
     }
     if len(artifacts) > 1:

@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-from model.artifact import load_artifact, load_staged
+from model.artifact import AVERAGED, load_artifact, load_staged
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.network import DCMC
 from model.ratings import Ratings
@@ -70,12 +71,18 @@ class _Run:
     rank0: bool
 
     def fit(
-        self, train_cfg: TrainConfig, entries: Entries, val: Entries | None, name: str | None = None
+        self,
+        train_cfg: TrainConfig,
+        entries: Entries,
+        val: Entries | None,
+        name: str | None = None,
+        model_cfg: ModelConfig | None = None,
     ) -> tuple[DCMC, RatingMatrix, History]:
-        """Train a network of the run: the first's checkpoints go to `ckpt`, another's beside them
-        (`<ckpt>.<name>`)."""
+        """Train a network of the run (`model_cfg`: another than the run's): the first's checkpoints go
+        to `ckpt`, another's beside them (`<ckpt>.<name>`)."""
         checkpoints = self.ckpt if name is None else self.ckpt.parent / f"{self.ckpt.name}.{name}"
-        return train_ensemble(self.model_cfg, train_cfg, entries, val, checkpoint_dir=checkpoints,
+        model_cfg = model_cfg or self.model_cfg
+        return train_ensemble(model_cfg, train_cfg, entries, val, checkpoint_dir=checkpoints,
                               resume=self.resume, progress=self.progress)  # fmt: skip
 
     def train_record(self, train_cfg: TrainConfig) -> dict[str, Any]:
@@ -190,12 +197,16 @@ def run_training(
         train_entries, val_entries = carve_validation(data.train, train_cfg.val_fraction, train_cfg.carve)
     else:
         train_entries, val_entries = data.train, None
-    model_cfg = ModelConfig(
-        n_users=data.n_users,
-        n_items=data.n_items,
-        levels=tuple(float(x) for x in data.levels),
-        **resolve_model_settings({**chosen.model, **sized_model, **model_over}, train_entries.values),
-    )
+
+    def model_for(entries: Entries) -> ModelConfig:  # the model settings resolved on these training ratings
+        return ModelConfig(
+            n_users=data.n_users,
+            n_items=data.n_items,
+            levels=tuple(float(x) for x in data.levels),
+            **resolve_model_settings({**chosen.model, **sized_model, **model_over}, entries.values),
+        )
+
+    model_cfg = model_for(train_entries)
     inference = chosen.inference
     if chosen.tune:
         inference = start_inference(
@@ -283,18 +294,69 @@ def run_training(
         )
     if carves:
         metrics = _choose_on_folds(run, first, carves, inference, metrics, tune_trials, tune_timeout)
+    searches: list[Tuning] = []
+    if train_cfg.searches > 1 and searched and refit and not carves and data.val is None:
+        metrics, searches = _search_more(run, first, model_for, inference, metrics, tune_trials, tune_timeout)
+    elif train_cfg.searches > 1:
+        log.warning("searches=%d unused: no search on carves of the training ratings", train_cfg.searches)
     if refit:
         assert val_entries is not None
-        metrics = _refit(run, out, first, Entries.concat([train_entries, val_entries]), metrics)
+        metrics = _refit(run, out, first, Entries.concat([train_entries, val_entries]), metrics, searches)
     return metrics
 
 
+def _search_more(
+    run: _Run,
+    first: Path,
+    model_for: Callable[[Entries], ModelConfig],
+    inference: InferenceConfig,
+    metrics: dict[str, Any],
+    trials: int | None,
+    timeout: float | None,
+) -> tuple[dict[str, Any], list[Tuning]]:
+    """`TrainConfig.searches`: the searches after the first carve's (written at `first`), each on its own
+    carve (seed `carve + k`) with its own network, trained and searched as `--set carve_seed=<carve + k>`
+    would; returns the metrics with every search's summary, and the searches (on rank 0)."""
+    cfg = run.train_cfg
+    records = [{"carve_seed": cfg.carve, "val_rmse": metrics["val_rmse"], **metrics.get("tuning", {})}]
+    found: list[Tuning] = []
+    seconds = metrics["train_seconds"]
+    for k in range(1, cfg.searches):
+        carve = cfg.carve + k
+        rest, val = carve_validation(run.data.train, cfg.val_fraction, carve)
+        log.info("search %d of %d: carve seed %d, %d train / %d validation ratings", k + 1, cfg.searches,
+                 carve, len(rest), len(val))  # fmt: skip
+        t0 = time.perf_counter()
+        model, matrix, history = run.fit(cfg, rest, val, f"search{k}", model_for(rest))
+        seconds += time.perf_counter() - t0
+        record: dict[str, Any] = {"carve_seed": carve, "val_rmse": history.epochs[-1].get("val_rmse")}
+        if run.rank0:
+            directory = first.parent / f"{first.name}.search{k}"
+            write_artifact(directory, model, matrix, rest, held_out=val, user_ids=run.data.user_ids,
+                           item_ids=run.data.item_ids, inference=inference,
+                           train_config=run.train_record(replace(cfg, carve_seed=carve)),
+                           dataset=run.dataset_record, metrics={}, known_field=False)  # fmt: skip
+            result = search_inference(load_artifact(directory), trials=trials or DEFAULT_TRIALS,
+                                      timeout=timeout, seed=cfg.seed, progress=run.progress)  # fmt: skip
+            found.append(result)
+            record.update(_tuning_summary(result))
+            shutil.rmtree(directory, ignore_errors=True)
+        records.append(record)
+    return {**metrics, "train_seconds": round(seconds, 2), "searches": records}, found
+
+
 def _refit(
-    run: _Run, out: Path, carve: Path, everything: Entries, carve_metrics: dict[str, Any]
+    run: _Run,
+    out: Path,
+    carve: Path,
+    everything: Entries,
+    carve_metrics: dict[str, Any],
+    searches: Sequence[Tuning] = (),
 ) -> dict[str, Any]:
     """`TrainConfig.refit`: train the network again on every training rating (`everything`), as many
     epochs as the carve's run published, and write it to `out` with the inference settings, their
-    tuning record and the fold-in policy chosen on the carve (the artifact at `carve`, removed after)."""
+    tuning record and the fold-in policy chosen on the carve (the artifact at `carve`, removed after),
+    and the settings of the other `searches` to average with them (their records `tuning.search<k>.json`)."""
     cfg = run.train_cfg
     epochs = int(carve_metrics["kept_epoch"] or cfg.epochs) if cfg.keep_best else cfg.epochs
     again = replace(cfg, epochs=epochs, keep_best=False)
@@ -325,6 +387,10 @@ def _refit(
             shutil.copy2(carve / TUNING, directory / TUNING)
         if "fold_in" in chosen:
             config["fold_in"] = chosen["fold_in"]
+        if searches:
+            config[AVERAGED] = [result.chosen.to_dict() for result in searches]
+        for k, result in enumerate(searches, start=1):
+            (directory / f"tuning.search{k}.json").write_text(json.dumps(result.record, indent=2) + "\n")
 
     write_artifact(
         out,

@@ -35,7 +35,7 @@ import numpy as np
 import optuna
 
 from model import exact
-from model.artifact import Artifact, is_known_field_file, load_artifact, rewritten
+from model.artifact import AVERAGED, Artifact, is_known_field_file, load_artifact, rewritten
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
 from model.engine import Network, expected_rating
 from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_cost
@@ -342,6 +342,7 @@ def record_tuning(directory: Path, config: dict[str, Any], tuning: Tuning, artif
     ratings): `config`'s inference, tuning.json and the known field for the new settings (over all known
     ratings, as the service reads it)."""
     config["inference"] = tuning.chosen.to_dict()
+    config.pop(AVERAGED, None)  # one search's choice replaces a mean of several
     (directory / TUNING).write_text(json.dumps(tuning.record, indent=2) + "\n")
     if tuning.chosen.mode == "exact":
         scorer = build_scorer(load_network(artifact), artifact.known(), tuning.chosen)

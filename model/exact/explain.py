@@ -27,6 +27,7 @@ decomposed: an explanation holds the network's outputs fixed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ from model.types import FloatArray, IntArray
 
 if TYPE_CHECKING:
     from model.exact.scorer import ExactScorer
+    from model.ratings import Ratings
 
 
 NO_TERMS = (
@@ -81,7 +83,96 @@ def explain(scorer: ExactScorer, user: int, items: IntArray, k: int) -> list[Exp
     return Queries(scorer, user, items).explain(k)
 
 
-class Queries:
+def explain_mean(scorers: Sequence[ExactScorer], user: int, items: IntArray, k: int) -> list[Explanation]:
+    """`explain` for the mean of several scorers' final distributions (one network and known ratings,
+    several settings: `model.scorers.MeanScorer`): its expected rating is the scorers' mean, so a known
+    rating's effect is the mean of its effects, ranked and bounded the same way."""
+    for scorer in scorers:
+        if scorer.kernel.known != "clamped":
+            raise CannotExplain(
+                "explanations need known entries clamped to their ratings (inference.kernel.known=clamped) "
+                "in every averaged setting"
+            )
+    items = np.asarray(items, dtype=np.int64)
+    if not len(items):
+        return []
+    return MeanQueries([Queries(s, user, items) for s in scorers]).explain(k)
+
+
+class Ranking:
+    """The k largest effects of each query, exact (module docstring): what `Queries` and `MeanQueries`
+    share. A subclass gives the queries, the known ratings, the similarities, `effects` and `bound`."""
+
+    user: int
+    items: IntArray
+    known: Ratings
+    row: IntArray
+    user_sim: FloatArray
+    item_sims: FloatArray
+    user_max: float
+    item_max: FloatArray
+    ratings: FloatArray
+    network: FloatArray
+
+    def effects(self, owner: IntArray, positions: IntArray) -> FloatArray:
+        raise NotImplementedError
+
+    def bound(self, q: int, k: FloatArray) -> FloatArray:
+        raise NotImplementedError
+
+    def column(self, q: int) -> IntArray:
+        """Positions of the known ratings of query q's item."""
+        item = int(self.items[q])
+        return self.known.by_col.of(item) if item < self.known.n_items else np.empty(0, dtype=np.int64)
+
+    def explain(self, k: int) -> list[Explanation]:
+        known, items, queries = self.known, self.items, np.arange(len(self.items))
+        # Each query's user's ratings and its item's others (a rating on both is the entry itself, never
+        # listed), all queries in one pass.
+        cols = [self.column(q) for q in queries.tolist()]
+        row_cols = known.cols[self.row]
+        owner = np.concatenate(
+            [np.repeat(queries, len(self.row)), np.repeat(queries, [len(c) for c in cols])]
+        )
+        positions = np.concatenate([np.tile(self.row, len(items)), *cols]).astype(np.int64)
+        keep = np.concatenate(
+            [(row_cols[None] != items[:, None]).ravel(), *[known.rows[c] != self.user for c in cols]]
+        )
+        owner, positions = owner[keep], positions[keep]
+        effects = self.effects(owner, positions)
+        order = np.lexsort((positions, -np.abs(effects), owner))  # by query, largest |effect| first
+        owner, positions, effects = owner[order], positions[order], effects[order]
+        starts = np.searchsorted(owner, queries)
+        counts = np.searchsorted(owner, queries, side="right") - starts
+        kth = np.where(counts >= k, np.abs(effects[np.minimum(starts + k - 1, len(effects) - 1)]), 0.0)
+        reach = self.user_max * self.item_max  # the largest weight off each query's row and column
+        out = []
+        for q in queries.tolist():
+            got = slice(starts[q], starts[q] + min(k, counts[q]))
+            top_pos, top_eff = positions[got], effects[got]
+            if k > 0 and self.bound(q, reach[q : q + 1])[0] > kth[q]:
+                top_pos, top_eff = self._widened(q, k, float(kth[q]), top_pos, top_eff)
+            out.append(Explanation(float(self.ratings[q]), float(self.network[q]), top_pos, top_eff))
+        return out
+
+    def _widened(
+        self, q: int, k: int, kth: float, top_pos: IntArray, top_eff: FloatArray
+    ) -> tuple[IntArray, FloatArray]:
+        """Query q's top k once the ratings off its row and column are weighed too (their weight is the
+        field's product of similarities alone) and scored where their own bound clears the k-th effect."""
+        known = self.known
+        off = known.held()
+        off[self.row] = off[self.column(q)] = False
+        rest = np.flatnonzero(off)
+        weight = self.user_sim[known.rows[rest]] * self.item_sims[q, known.cols[rest]]
+        rest = rest[self.bound(q, weight) > kth]
+        positions = np.concatenate([top_pos, rest])
+        effects = np.concatenate([top_eff, self.effects(np.full(len(rest), q), rest)])
+        top = np.lexsort((positions, -np.abs(effects)))[:k]
+        return positions[top], effects[top]
+
+
+class Queries(Ranking):
     """One user's queries: their messages' whole sums (read the scorer's way, in one pass), from which
     taking out any known rating's term is read exactly, for all the queries at once."""
 
@@ -135,11 +226,6 @@ class Queries:
         self.row = known.by_row.of(user) if user < n else np.empty(0, dtype=np.int64)
         self.ratings = self.read(queries, self.num, self.den)
 
-    def column(self, q: int) -> IntArray:
-        """Positions of the known ratings of query q's item."""
-        item = int(self.items[q])
-        return self.known.by_col.of(item) if item < self.known.n_items else np.empty(0, dtype=np.int64)
-
     def weights(self, owner: IntArray, positions: IntArray) -> FloatArray:
         """k_l of the known entries at `positions` for the queries `owner` (module docstring)."""
         known, lines = self.known, self.lines
@@ -190,48 +276,25 @@ class Queries:
         )
         return out
 
-    def explain(self, k: int) -> list[Explanation]:
-        known, items, queries = self.known, self.items, np.arange(len(self.items))
-        # Each query's user's ratings and its item's others (a rating on both is the entry itself, never
-        # listed), all queries in one pass.
-        cols = [self.column(q) for q in queries.tolist()]
-        row_cols = known.cols[self.row]
-        owner = np.concatenate(
-            [np.repeat(queries, len(self.row)), np.repeat(queries, [len(c) for c in cols])]
-        )
-        positions = np.concatenate([np.tile(self.row, len(items)), *cols]).astype(np.int64)
-        keep = np.concatenate(
-            [(row_cols[None] != items[:, None]).ravel(), *[known.rows[c] != self.user for c in cols]]
-        )
-        owner, positions = owner[keep], positions[keep]
-        effects = self.effects(owner, positions)
-        order = np.lexsort((positions, -np.abs(effects), owner))  # by query, largest |effect| first
-        owner, positions, effects = owner[order], positions[order], effects[order]
-        starts = np.searchsorted(owner, queries)
-        counts = np.searchsorted(owner, queries, side="right") - starts
-        kth = np.where(counts >= k, np.abs(effects[np.minimum(starts + k - 1, len(effects) - 1)]), 0.0)
-        reach = self.user_max * self.item_max  # the largest weight off each query's row and column
-        out = []
-        for q in queries.tolist():
-            got = slice(starts[q], starts[q] + min(k, counts[q]))
-            top_pos, top_eff = positions[got], effects[got]
-            if k > 0 and self.bound(q, reach[q : q + 1])[0] > kth[q]:
-                top_pos, top_eff = self._widened(q, k, float(kth[q]), top_pos, top_eff)
-            out.append(Explanation(float(self.ratings[q]), float(self.network[q]), top_pos, top_eff))
+
+class MeanQueries(Ranking):
+    """The same queries of several scorers of one network and known ratings (several settings): the
+    prediction, each effect and each bound are the members' means (a mean of bounds increasing in the
+    weight is one too)."""
+
+    def __init__(self, members: Sequence[Queries]) -> None:
+        first = members[0]
+        self.members = members
+        self.user, self.items, self.known, self.row = first.user, first.items, first.known, first.row
+        self.user_sim, self.item_sims = first.user_sim, first.item_sims
+        self.user_max, self.item_max = first.user_max, first.item_max
+        self.network = first.network
+        self.ratings = np.mean([m.ratings for m in members], axis=0)
+
+    def effects(self, owner: IntArray, positions: IntArray) -> FloatArray:
+        out: FloatArray = np.mean([m.effects(owner, positions) for m in self.members], axis=0)
         return out
 
-    def _widened(
-        self, q: int, k: int, kth: float, top_pos: IntArray, top_eff: FloatArray
-    ) -> tuple[IntArray, FloatArray]:
-        """Query q's top k once the ratings off its row and column are weighed too (their weight is the
-        field's product of similarities alone) and scored where their own bound clears the k-th effect."""
-        known = self.known
-        off = known.held()
-        off[self.row] = off[self.column(q)] = False
-        rest = np.flatnonzero(off)
-        weight = self.user_sim[known.rows[rest]] * self.item_sims[q, known.cols[rest]]
-        rest = rest[self.bound(q, weight) > kth]
-        positions = np.concatenate([top_pos, rest])
-        effects = np.concatenate([top_eff, self.effects(np.full(len(rest), q), rest)])
-        top = np.lexsort((positions, -np.abs(effects)))[:k]
-        return positions[top], effects[top]
+    def bound(self, q: int, k: FloatArray) -> FloatArray:
+        out: FloatArray = np.mean([m.bound(q, k) for m in self.members], axis=0)
+        return out
