@@ -746,3 +746,41 @@ def test_an_ensemble_artifact_serves_and_folds_in_like_any_other(
         assert len(api.client.get("/similar-users/fresh", params={"k": 3}).json()["similar"]) == 3
     with _app(out, durable_redis) as restarted:  # the stream replayed through the fused row branch
         np.testing.assert_allclose(_predict(restarted.client, "fresh"), first, rtol=0, atol=1e-12)
+
+
+def test_an_averaged_artifact_serves_explains_and_folds_in_its_settings_mean(
+    tmp_path: Path, tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    """`--set searches=2`: the artifact's two settings (config.json `inference_averaged`) are served as the
+    mean of their final distributions, on every path (a cold answer, a cached row, explanations, fold-in,
+    a restarted worker's replay)."""
+    import shutil
+
+    from model.artifact import AVERAGED, load_artifact, rewritten
+    from model.config import InferenceConfig
+    from training.evaluate import predict_ratings
+
+    both = {"mode": "exact", "kernel.known": "clamped", "kernel.scaling": "normalized"}
+    a = InferenceConfig().with_overrides({**both, "crf.gamma": 2.0, "kernel.same_user": 20.0,
+                                          "output.baseline": 0.3})  # fmt: skip
+    b = InferenceConfig().with_overrides({**both, "crf.gamma": 0.7, "kernel.co_rating": 50.0})
+    out = tmp_path / "averaged"
+    shutil.copytree(tiny_artifact, out)
+    with rewritten(out) as (_, config):
+        config["inference"], config[AVERAGED] = a.to_dict(), [b.to_dict()]
+    artifact = load_artifact(out)
+    rows, cols = artifact.users.indices(["u3"] * len(ITEMS)), artifact.items.indices(ITEMS)
+    expected = predict_ratings(artifact, rows, cols, artifact.settings())
+    assert np.abs(expected - predict_ratings(artifact, rows, cols, a)).max() > 1e-3  # not the first alone
+    with _app(out, durable_redis) as api:
+        for _ in range(3):  # cold, then from the cached row
+            np.testing.assert_allclose(_predict(api.client, "u3"), expected, rtol=0, atol=1e-6)
+        r = api.client.post("/predict", json={"user": "u3", "items": ITEMS[:3], "explain": True})
+        assert r.status_code == 200, r.text
+        for p, want in zip(r.json()["predictions"], expected[:3], strict=True):
+            assert p["rating"] == pytest.approx(want, abs=1e-6) and len(p["explanation"]["because"]) > 0
+        last = _write(api.client, _ratings("fresh", [("i1", 5), ("i2", 1), ("i7", 4)]))
+        first = _predict(api.client, "fresh", after=last)
+        assert np.isfinite(first).all()
+    with _app(out, durable_redis) as restarted:  # the stream replayed into both settings' scorers
+        np.testing.assert_allclose(_predict(restarted.client, "fresh"), first, rtol=0, atol=1e-12)
