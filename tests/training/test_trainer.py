@@ -405,6 +405,10 @@ def test_default_presets_carry_no_inference_constants() -> None:
         "csv": 1,
     }
     assert preset("flixster").train.refit and preset("flixster", "paper").train.folds == 1
+    # Two searches' settings averaged on ML-100K (benchmarks/results/ensemble.md), one elsewhere.
+    names = ("ml-100k", "douban", "flixster", "yahoo_music", "csv")
+    assert {d: preset(d).train.searches for d in names} == {d: 2 if d == "ml-100k" else 1 for d in names}
+    assert preset("ml-100k", "paper").train.searches == 1
 
 
 def test_blocks_list_their_entries_as_the_canonical_csr_does() -> None:
