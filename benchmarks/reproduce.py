@@ -115,6 +115,7 @@ def evaluate_run(
                 "epochs": train["epochs"],
                 "val_rmse": train["val_rmse"],
                 "settings": ev["settings"],
+                **({"averaged": ev["averaged"]} if "averaged" in ev else {}),  # `searches`: the others
                 **({"tuning": train["tuning"]} if mode == "default" and "tuning" in train else {}),
             }
         )
