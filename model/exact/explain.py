@@ -72,7 +72,14 @@ def explain(scorer: ExactScorer, user: int, items: IntArray, k: int) -> list[Exp
     """The `k` known ratings of largest |effect| on each prediction (user, items[q]) (module docstring);
     the entry itself, when it is a known rating, never explains itself. Raises CannotExplain where the
     scorer's messages are not such a sum."""
-    if scorer.kernel.known != "clamped":
+    return explain_mean([scorer], user, items, k)
+
+
+def explain_mean(scorers: Sequence[ExactScorer], user: int, items: IntArray, k: int) -> list[Explanation]:
+    """`explain` for the mean of several scorers' final distributions (one network and known ratings,
+    several settings: `model.scorers.MeanScorer`): its expected rating is the scorers' mean, so a known
+    rating's effect is the mean of its effects, ranked and bounded the same way."""
+    if any(scorer.kernel.known != "clamped" for scorer in scorers):
         raise CannotExplain(
             "explanations need known entries clamped to their ratings (inference.kernel.known=clamped): "
             "only then is each known rating's term fixed"
@@ -80,23 +87,8 @@ def explain(scorer: ExactScorer, user: int, items: IntArray, k: int) -> list[Exp
     items = np.asarray(items, dtype=np.int64)
     if not len(items):
         return []
-    return Queries(scorer, user, items).explain(k)
-
-
-def explain_mean(scorers: Sequence[ExactScorer], user: int, items: IntArray, k: int) -> list[Explanation]:
-    """`explain` for the mean of several scorers' final distributions (one network and known ratings,
-    several settings: `model.scorers.MeanScorer`): its expected rating is the scorers' mean, so a known
-    rating's effect is the mean of its effects, ranked and bounded the same way."""
-    for scorer in scorers:
-        if scorer.kernel.known != "clamped":
-            raise CannotExplain(
-                "explanations need known entries clamped to their ratings (inference.kernel.known=clamped) "
-                "in every averaged setting"
-            )
-    items = np.asarray(items, dtype=np.int64)
-    if not len(items):
-        return []
-    return MeanQueries([Queries(s, user, items) for s in scorers]).explain(k)
+    queries = [Queries(s, user, items) for s in scorers]
+    return (queries[0] if len(queries) == 1 else MeanQueries(queries)).explain(k)
 
 
 class Ranking:

@@ -13,29 +13,17 @@ from model.engine import OnnxNetwork
 from training.config import TrainConfig, preset
 from training.evaluate import evaluate
 from training.pipeline import run_training
-from training.synthetic import low_rank_ratings, write_csv
 
 SETTINGS = {"epochs": "3", "val_fraction": "0.1", "refit": "true"}
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """train.csv and test.csv of a seeded 70 x 50 matrix."""
-    root = tmp_path_factory.mktemp("ensemble")
-    triples = low_rank_ratings(n_users=70, n_items=50, density=0.5, seed=5)
-    test = np.random.default_rng(1).random(len(triples)) < 0.2
-    write_csv(root / "train.csv", [t for t, held in zip(triples, test, strict=True) if not held])
-    write_csv(root / "test.csv", [t for t, held in zip(triples, test, strict=True) if held])
-    return root
-
-
 def test_an_ensemble_publishes_its_members_side_by_side_member_0_being_the_single_network(
-    data: Path, tmp_path: Path
+    split_csv: Path, tmp_path: Path
 ) -> None:
     single, pair = tmp_path / "single", tmp_path / "pair"
-    run_training("csv", data, single, settings=SETTINGS, seed=3, progress=False, tune_trials=3)
-    metrics = run_training("csv", data, pair, settings={**SETTINGS, "ensemble": "2"}, seed=3, progress=False,
-                           tune_trials=3)  # fmt: skip
+    run_training("csv", split_csv, single, settings=SETTINGS, seed=3, progress=False, tune_trials=3)
+    metrics = run_training("csv", split_csv, pair, settings={**SETTINGS, "ensemble": "2"}, seed=3,
+                           progress=False, tune_trials=3)  # fmt: skip
     one, two = load_artifact(single), load_artifact(pair)
     d = preset("csv").model.get("hidden", (512, 128))[-1]
     assert one.config.hidden[-1] == d and two.config.hidden == tuple(2 * h for h in one.config.hidden)
@@ -53,7 +41,7 @@ def test_an_ensemble_publishes_its_members_side_by_side_member_0_being_the_singl
     onnx = OnnxNetwork(two.files)
     rows = np.zeros((2, two.config.n_items), dtype=np.float32)
     assert onnx.embed_users(rows).shape == (2, 2 * d)
-    assert evaluate(pair, data)["n"] > 0
+    assert evaluate(pair, split_csv)["n"] > 0
 
 
 def test_an_ensemble_cannot_keep_each_members_best_epoch() -> None:

@@ -16,30 +16,20 @@ from model.scorers import MeanScorer, artifact_scorer
 from training.config import TrainConfig
 from training.evaluate import evaluate, predict_ratings
 from training.pipeline import run_training
-from training.synthetic import low_rank_ratings, write_csv
 
 SETTINGS = {"epochs": "3", "val_fraction": "0.1", "refit": "true"}
 TRIALS = 12
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """train.csv and test.csv of a seeded 70 x 50 matrix."""
-    root = tmp_path_factory.mktemp("searches")
-    triples = low_rank_ratings(n_users=70, n_items=50, density=0.5, seed=5)
-    test = np.random.default_rng(1).random(len(triples)) < 0.2
-    write_csv(root / "train.csv", [t for t, held in zip(triples, test, strict=True) if not held])
-    write_csv(root / "test.csv", [t for t, held in zip(triples, test, strict=True) if held])
-    return root
-
-
-def test_two_searches_publish_the_refit_network_with_both_carves_settings(data: Path, tmp_path: Path) -> None:
+def test_two_searches_publish_the_refit_network_with_both_carves_settings(
+    split_csv: Path, tmp_path: Path
+) -> None:
     single, other, pair = tmp_path / "single", tmp_path / "carve4", tmp_path / "pair"
-    run_training("csv", data, single, settings=SETTINGS, seed=3, progress=False, tune_trials=TRIALS)
-    run_training("csv", data, other, settings={**SETTINGS, "carve_seed": "4"}, seed=3, progress=False,
+    run_training("csv", split_csv, single, settings=SETTINGS, seed=3, progress=False, tune_trials=TRIALS)
+    run_training("csv", split_csv, other, settings={**SETTINGS, "carve_seed": "4"}, seed=3, progress=False,
                  tune_trials=TRIALS)  # fmt: skip
-    metrics = run_training("csv", data, pair, settings={**SETTINGS, "searches": "2"}, seed=3, progress=False,
-                           tune_trials=TRIALS)  # fmt: skip
+    metrics = run_training("csv", split_csv, pair, settings={**SETTINGS, "searches": "2"}, seed=3,
+                           progress=False, tune_trials=TRIALS)  # fmt: skip
     one, four, two = load_artifact(single), load_artifact(other), load_artifact(pair)
     # The published network is the `--seed 3` run's refit; the first setting that run's search, the second
     # the search a `--set carve_seed=4` run makes (its own carve, its own network).
@@ -58,7 +48,7 @@ def test_two_searches_publish_the_refit_network_with_both_carves_settings(data: 
     for key in ("best_val_rmse", "base_network_val_rmse"):
         assert second[key] == theirs[key] != first[key]
     # `dcmc evaluate` scores the mean of the two settings' distributions.
-    result = evaluate(pair, data)
+    result = evaluate(pair, split_csv)
     assert len(result["averaged"]) == 1
     assert isinstance(artifact_scorer(two)[1], MeanScorer)
     rows, cols = np.arange(10), np.arange(10) * 3 % two.config.n_items
@@ -77,10 +67,10 @@ def test_searches_need_a_refit_on_one_carve() -> None:
 
 
 def test_searches_without_a_search_say_so_and_serve_one_setting(
-    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    split_csv: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="training.pipeline"):
-        run_training("csv", data, tmp_path / "untuned", settings={**SETTINGS, "searches": "2"}, seed=3,
+        run_training("csv", split_csv, tmp_path / "untuned", settings={**SETTINGS, "searches": "2"}, seed=3,
                      progress=False, tune=False)  # fmt: skip
     assert "searches=2 unused" in caplog.text
     assert load_artifact(tmp_path / "untuned").averaged == ()
