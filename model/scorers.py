@@ -160,8 +160,8 @@ class MeanScorer:
         self.blocking = any(m.blocking for m in self.members)
 
     def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
-        """The members' final distributions, averaged."""
-        out = self.members[0].predict(rows, cols, query_probs)
+        """The members' final distributions, averaged (a new array: a member may hand back `query_probs`)."""
+        out = np.array(self.members[0].predict(rows, cols, query_probs), dtype=np.float64)
         for member in self.members[1:]:
             out += member.predict(rows, cols, query_probs)
         out /= len(self.members)

@@ -12,6 +12,7 @@ from model.artifact import AVERAGED, load_artifact, rewritten
 from model.config import InferenceConfig
 from model.engine import expected_rating
 from model.exact import ExactScorer
+from model.exact.explain import CannotExplain
 from model.ratings import Ratings
 from model.scorers import MeanScorer, artifact_scorer, build_scorer, load_network
 from tests.model.test_explain import SETTINGS, _rating, _without
@@ -114,3 +115,23 @@ def test_an_artifact_serves_its_averaged_settings_until_one_search_replaces_them
     write_tuning(copy, Tuning(B, {"trials_run": 1}))  # what `dcmc tune` writes: one search's choice
     again = load_artifact(copy)
     assert again.averaged == () and again.settings() == (B,)
+
+
+def test_a_search_that_chose_the_network_alone_is_averaged_without_touching_the_queries(
+    tiny_artifact: Path,
+) -> None:
+    # A search that finds no CRF setting better than the network chooses `mode=none`; its scorer hands the
+    # queries' own distributions back, which the mean must not write over.
+    art = load_artifact(tiny_artifact)
+    network, known = load_network(art), art.known()
+    none = InferenceConfig().with_overrides({"mode": "none"})
+    _, mean = artifact_scorer(art, [none, A])
+    rows, cols = np.arange(8), np.arange(8) * 2
+    probs = network.probabilities(rows, cols)
+    kept = probs.copy()
+    got = mean.predict(rows, cols, probs)
+    np.testing.assert_array_equal(probs, kept)
+    want = (build_scorer(network, known, A).predict(rows, cols, kept.copy()) + kept) / 2
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    with pytest.raises(CannotExplain):
+        mean.explain(0, np.array([1]), 3)
