@@ -197,8 +197,9 @@ _DEFAULT_FOLDS = {"flixster": 5, "yahoo_music": 3}
 # sets (pools 3 and 4, benchmarks/results/ensemble.md, rule set before) one network under two searches'
 # settings averaged scored 0.0007-0.0009 better than under either alone on average, and better than the
 # better one in 4 of 4; as built, 0.0007 and 0.0017 better than the default's one search, for 1.5x the
-# trainings. Douban (also one carve) was not measured and keeps one search; Flixster and YahooMusic search
-# on folds, which `searches` does not combine with.
+# trainings. Douban (also one carve) keeps one search: on its fresh outer sets two were -0.0014 and +0.0003
+# (ensemble.md, rule set before). Flixster and YahooMusic search on folds, which `searches` does not combine
+# with.
 _DEFAULT_SEARCHES = {"ml-100k": 2}
 
 # No preset sets `TrainConfig.ensemble`: on ML-100K's outer sets (benchmarks/results/ensemble.md, six runs)
