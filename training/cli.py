@@ -161,7 +161,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         seed=args.seed,
         progress=not args.no_progress,
-        baseline_grid=args.baseline_grid,
     )
     fold_in = choose_and_write(args.artifacts, args.seed)  # it depends on the inference just chosen
     r = result.record
@@ -392,12 +391,6 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--timeout", type=float, help="stop after this many seconds (then the trials run vary)")
     tu.add_argument("--seed", type=int, default=0, help="seed of the TPE sampler (default 0)")
     tu.add_argument("--no-progress", action="store_true", help="no progress bar")
-    tu.add_argument(
-        "--baseline-grid",
-        action=argparse.BooleanOptionalAction,
-        help="choose the bias baseline's ridge penalties on the validation ratings first (default: as the "
-        "artifact's training did, `--set baseline_grid`)",
-    )
     tu.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser(

@@ -73,10 +73,6 @@ class TrainConfig:
     ...) with its own network, and serve the mean of the settings' final distributions on the refit
     network (model.scorers.MeanScorer; not in the paper; 1 = one search). Costs `searches` carve networks
     before the refit, and one CRF per setting at serving."""
-    baseline_grid: bool = False
-    """Before the inference search, choose the bias baseline's ridge penalties (`output.baseline_user_shrink`
-    and `baseline_item_shrink`) on the search's validation ratings: every pair of training.tune.PENALTY_GRID,
-    the baseline alone, the lowest RMSE (not in the paper; False = the fixed 2 and 5). Seconds."""
     ensemble: int = 1
     """Train this many networks (seeds `seed + k * 1000`) and publish their fusion: one network whose
     embeddings are theirs side by side and whose decoder averages their scores (model.network.fuse; not in

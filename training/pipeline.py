@@ -269,7 +269,7 @@ def run_training(
             return  # the search and the fold-in choice run on every fold's artifact, once all are written
         if chosen.tune:
             metrics["tuning"] = _tune(directory, config, tune, inference_over, len(val_entries or []),
-                                      train_cfg, tune_trials, tune_timeout, progress)  # fmt: skip
+                                      train_cfg.seed, tune_trials, tune_timeout, progress)  # fmt: skip
         metrics["fold_in"] = _fold_in(directory, config, tune, train_cfg.seed)
 
     refit = train_cfg.refit and val_entries is not None and len(val_entries) > 0
@@ -337,8 +337,7 @@ def _search_more(
                            train_config=run.train_record(replace(cfg, carve_seed=carve)),
                            dataset=run.dataset_record, metrics={}, known_field=False)  # fmt: skip
             result = search_inference(load_artifact(directory), trials=trials or DEFAULT_TRIALS,
-                                      timeout=timeout, seed=cfg.seed, progress=run.progress,
-                                      baseline_grid=cfg.baseline_grid)  # fmt: skip
+                                      timeout=timeout, seed=cfg.seed, progress=run.progress)  # fmt: skip
             found.append(result)
             record.update(_tuning_summary(result))
             shutil.rmtree(directory, ignore_errors=True)
@@ -448,8 +447,7 @@ def _choose_on_folds(
         return metrics
     seed = run.train_cfg.seed
     result = search_inference([load_artifact(d) for d in directories], trials=trials or DEFAULT_TRIALS,
-                              timeout=timeout, seed=seed, progress=run.progress,
-                              baseline_grid=run.train_cfg.baseline_grid)  # fmt: skip
+                              timeout=timeout, seed=seed, progress=run.progress)  # fmt: skip
     write_tuning(fold0, result)
     metrics["tuning"] = {**_tuning_summary(result), "folds": len(carves)}
     record = choose_and_write(fold0, seed)
@@ -477,14 +475,13 @@ def _tune(
     enabled: bool,
     inference_over: dict[str, Any],
     n_val: int,
-    train_cfg: TrainConfig,
+    seed: int,
     trials: int | None,
     timeout: float | None,
     progress: bool,
 ) -> dict[str, Any]:
     """Search the inference settings of the artifact being written in `directory` and put the choice in
-    it (`config` and its files), or say why not: a summary for the training metrics. The search's seed
-    and `baseline_grid` are the training's."""
+    it (`config` and its files), or say why not: a summary for the training metrics."""
     if not enabled:
         return {"skipped": "--no-tune: the artifact serves training.tune.START"}
     if inference_over:
@@ -499,12 +496,7 @@ def _tune(
         return {"skipped": why}
     artifact = load_staged(directory, config)
     result = search_inference(
-        artifact,
-        trials=trials or DEFAULT_TRIALS,
-        timeout=timeout,
-        seed=train_cfg.seed,
-        progress=progress,
-        baseline_grid=train_cfg.baseline_grid,
+        artifact, trials=trials or DEFAULT_TRIALS, timeout=timeout, seed=seed, progress=progress
     )
     record_tuning(directory, config, result, artifact)
     return _tuning_summary(result)
@@ -519,5 +511,4 @@ def _tuning_summary(result: Tuning) -> dict[str, Any]:
         "seconds": r["seconds"],
         "best_val_rmse": r["best_val_rmse"],
         "base_network_val_rmse": r["base_network_val_rmse"],
-        **({"baseline_penalties": r["baseline_penalties"]} if "baseline_penalties" in r else {}),
     }

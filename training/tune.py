@@ -39,7 +39,6 @@ from model.artifact import AVERAGED, Artifact, is_known_field_file, load_artifac
 from model.config import ConfigError, InferenceConfig, SearchRange, search_space
 from model.engine import Network, expected_rating
 from model.exact import ExactParts, ExactScorer, co_rating_affordable, gram_cost
-from model.exact.baseline import BiasModel
 from model.ratings import Ratings
 from model.scorers import build_scorer, load_network
 from training.export import save_exact_field
@@ -78,14 +77,6 @@ CO_RATING = ("kernel.co_rating_power", "kernel.co_rating_shrink", "kernel.co_rat
 
 TABLES = {"items": "kernel.co_rating", "users": "kernel.co_rating_user"}
 """The co-rating term that reads each table."""
-
-
-PENALTY_GRID = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
-"""The ridge penalties (pseudo-counts) that `baseline_penalties` tries for the bias baseline's users and
-items, every pair of them: it holds the fixed defaults, 2 and 5."""
-
-PENALTIES = ("output.baseline_user_shrink", "output.baseline_item_shrink")
-"""The bias baseline's ridge penalties: fixed in a search, or chosen by `baseline_penalties` before it."""
 
 
 def unaffordable(known: Ratings) -> dict[str, int]:
@@ -171,28 +162,6 @@ def _params(relative: dict[str, float], off: frozenset[str] | set[str] = frozens
     return params
 
 
-def baseline_penalties(folds: Sequence[_Fold], levels: np.ndarray) -> dict[str, Any]:
-    """The bias baseline's ridge penalties chosen on a search's queries: every pair of `PENALTY_GRID`,
-    the baseline alone (mu + b_i + c_j fitted to each fold's known ratings, clipped to the scale) scored
-    by its RMSE over every fold's validation ratings. Ties go to the first pair in grid order. Returns
-    the record: {"user_shrink", "item_shrink", "val_rmse", "default_val_rmse", "grid"}."""
-    truth = np.concatenate([f.val.values for f in folds])
-    scores: dict[tuple[float, float], float] = {}
-    for pair in ((u, i) for u in PENALTY_GRID for i in PENALTY_GRID):
-        pred = np.concatenate([f.baseline(*pair) for f in folds])
-        scores[pair] = _rmse(np.clip(pred, levels[0], levels[-1]), truth)
-    best = min(scores, key=lambda pair: scores[pair])
-    output = InferenceConfig().output
-    default = scores.get((output.baseline_user_shrink, output.baseline_item_shrink))
-    return {
-        "user_shrink": best[0],
-        "item_shrink": best[1],
-        "val_rmse": scores[best],
-        "default_val_rmse": default,
-        "grid": list(PENALTY_GRID),
-    }
-
-
 @dataclass
 class Tuning:
     """The outcome of a search: the chosen inference and the record of every trial."""
@@ -211,13 +180,10 @@ def tune(
     timeout: float | None = None,
     seed: int = 0,
     progress: bool = True,
-    baseline_grid: bool = False,
 ) -> Tuning:
     """Search the inference settings on the artifact's validation ratings (module docstring). Reads the
     artifact alone. `timeout` (seconds) stops the search early (then the number of trials depends on the
-    machine); `trials` bounds it. `baseline_grid`: first choose the bias baseline's ridge penalties on the
-    same validation ratings (`baseline_penalties`), and search the other settings with them (else they
-    stay at their defaults, 2 and 5).
+    machine); `trials` bounds it.
 
     Several artifacts (the folds of `TrainConfig.folds`: one matrix, each network trained without its own
     validation ratings) are searched together: a candidate's score is the RMSE over all their validation
@@ -244,15 +210,6 @@ def tune(
         log.warning("%s left out of the search: its co-rating table costs %.2g pairs", name, pairs)
     start = start_point(off)
     truth = np.concatenate([f.val.values for f in folds])
-    penalties = baseline_penalties(folds, levels) if baseline_grid else None
-    fixed: dict[str, Any] = {}
-    if penalties is not None:
-        fixed = dict(zip(PENALTIES, (penalties["user_shrink"], penalties["item_shrink"]), strict=True))
-        log.info("bias baseline penalties %s (validation RMSE of the baseline alone %.5f; %.5f with 2 and 5)",
-                 fixed, penalties["val_rmse"], penalties["default_val_rmse"])  # fmt: skip
-
-    def config(relative: dict[str, float]) -> InferenceConfig:
-        return InferenceConfig().with_overrides({**settings_of(relative, scale), **fixed})
 
     def score(inference: InferenceConfig) -> float:
         pred = np.concatenate([f.predict(inference) for f in folds])
@@ -265,7 +222,7 @@ def tune(
     def objective(trial: optuna.Trial) -> float:
         t0 = time.perf_counter()
         relative = _sample(trial, off)
-        inference = config(relative)
+        inference = InferenceConfig().with_overrides(settings_of(relative, scale))
         value = score(inference)
         record.append(
             {
@@ -295,7 +252,7 @@ def tune(
             bar.close()
     best = min(record, key=lambda r: (r["val_rmse"], r["trial"]))
     if best["val_rmse"] < base_rmse:
-        chosen = config(best["relative"])
+        chosen = InferenceConfig().with_overrides(settings_of(best["relative"], scale))
         why = f"trial {best['trial']}: validation RMSE {best['val_rmse']:.5f} < base network {base_rmse:.5f}"
     else:
         chosen = InferenceConfig(mode="none")
@@ -318,7 +275,6 @@ def tune(
         "search_space": {name: asdict(r) for name, r in search_space().items()},
         "start": start,
         "left_off": {"budget_pairs": exact.GRAM_PAIR_BUDGET, "terms": costly},
-        **({"baseline_penalties": penalties} if penalties is not None else {}),
         "base_network_val_rmse": base_rmse,
         "best_trial": best["trial"],
         "best_val_rmse": best["val_rmse"],
@@ -350,11 +306,6 @@ class _Fold:
         """The level distributions of the queries under `inference`."""
         scorer = build_scorer(self.network, self.known, inference, parts=self.parts)
         return scorer.predict(self.val.rows, self.val.cols, self.probs)
-
-    def baseline(self, user_shrink: float, item_shrink: float) -> np.ndarray:
-        """The bias baseline's predictions of the queries with these penalties (unclipped)."""
-        biases: BiasModel = self.parts.biases(user_shrink, item_shrink)
-        return biases.predict(self.val.rows, self.val.cols)
 
 
 def _flat(inference: InferenceConfig) -> dict[str, Any]:
@@ -415,13 +366,8 @@ def tune_artifact(
     timeout: float | None = None,
     seed: int = 0,
     progress: bool = True,
-    baseline_grid: bool | None = None,
 ) -> Tuning:
-    """`tune` the artifact at `directory` and write the choice into it. `baseline_grid` None: as the
-    artifact's training did (`TrainConfig.baseline_grid`)."""
-    artifact = load_artifact(directory)
-    if baseline_grid is None:
-        baseline_grid = bool(artifact.meta.get("train", {}).get("baseline_grid", False))
-    tuning = tune(artifact, trials, timeout, seed, progress, baseline_grid)
+    """`tune` the artifact at `directory` and write the choice into it."""
+    tuning = tune(load_artifact(directory), trials=trials, timeout=timeout, seed=seed, progress=progress)
     write_tuning(directory, tuning)
     return tuning
