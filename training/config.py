@@ -190,7 +190,8 @@ _DEFAULT_REFIT = frozenset({"ml-100k", "douban", "flixster", "yahoo_music"})
 # (worse in 1 seed of 3), 5 folds -0.0042 (better in every seed, and than 3 folds in every seed);
 # YahooMusic 3 folds -0.35, 5 folds -0.34 (both better in every seed): 5 for Flixster, and the cheaper 3 for
 # YahooMusic. ML-100K (4,000 carved ratings) keeps one carve: 5 folds were alike there (mean -0.00002, worse
-# in 1 seed of 3, at 3.1x the run). Douban (6,160) was not measured and keeps one carve.
+# in 1 seed of 3, at 3.1x the run). Douban (6,160) was not measured and keeps one carve. Flixster with 10 folds
+# on fresh outer sets: +0.0002 on average (folds.md), so 5.
 _DEFAULT_FOLDS = {"flixster": 5, "yahoo_music": 3}
 
 # The default preset averages two searches' settings (`TrainConfig.searches`) on ML-100K: on its fresh outer
@@ -204,7 +205,7 @@ _DEFAULT_SEARCHES = {"ml-100k": 2}
 
 # No preset sets `TrainConfig.ensemble`: on ML-100K's outer sets (benchmarks/results/ensemble.md, six runs)
 # two fused networks scored 0.0008 RMSE better than one (better in 5 of 6), short of the 0.0010 set
-# beforehand, at 2-2.5x the training.
+# beforehand, at 2-2.5x the training; on Flixster's fresh outer sets (folds.md) 0.0005, bar 0.002.
 
 # Where the default preset's similarity-loss weight beta and input dropout differ from the paper's.
 _DEFAULT_BETA = {"ml-100k": 0.0, "flixster": 0.0}
