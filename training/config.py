@@ -190,8 +190,8 @@ _DEFAULT_REFIT = frozenset({"ml-100k", "douban", "flixster", "yahoo_music"})
 # (worse in 1 seed of 3), 5 folds -0.0042 (better in every seed, and than 3 folds in every seed);
 # YahooMusic 3 folds -0.35, 5 folds -0.34 (both better in every seed): 5 for Flixster, and the cheaper 3 for
 # YahooMusic. ML-100K (4,000 carved ratings) keeps one carve: 5 folds were alike there (mean -0.00002, worse
-# in 1 seed of 3, at 3.1x the run). Douban (6,160) was not measured and keeps one carve. Flixster with 10 folds
-# on fresh outer sets: +0.0002 on average (folds.md), so 5.
+# in 1 seed of 3, at 3.1x the run). Douban (6,160) was not measured and keeps one carve. Flixster with 10
+# folds on fresh outer sets: +0.0002 on average (folds.md), so 5.
 _DEFAULT_FOLDS = {"flixster": 5, "yahoo_music": 3}
 
 # The default preset averages two searches' settings (`TrainConfig.searches`) on ML-100K: on its fresh outer
