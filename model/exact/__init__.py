@@ -62,23 +62,25 @@ from model.exact.affinity import (
     CO_RATING_NEIGHBOURS,
     DENSE_TABLE_MAX,
     FRESH_CHUNK_CELLS,
+    Affinity,
+    DenseAffinity,
+    FreshLines,
+    SparseAffinity,
+)
+from model.exact.baseline import BIAS_SWEEPS, BiasModel, baseline_mixture, bias_baseline, level_distribution
+from model.exact.field import KnownField, LevelInterpolation, known_field, scaled_messages
+from model.exact.gram import (
     GRAM_BLAS_LINES,
     GRAM_CHUNK_PAIRS,
     GRAM_PAIR_BUDGET,
     PRODUCT_CHUNK_CELLS,
     PRODUCT_UNITS_PER_PAIR,
-    Affinity,
     CoRatingGram,
-    DenseAffinity,
-    FreshLines,
-    SparseAffinity,
     co_rating_affinity,
     co_rating_affordable,
     co_rating_rows,
     gram_cost,
 )
-from model.exact.baseline import BIAS_SWEEPS, BiasModel, baseline_mixture, bias_baseline, level_distribution
-from model.exact.field import KnownField, LevelInterpolation, known_field, scaled_messages
 from model.exact.lines import Lines
 from model.exact.messages import (
     CLAMPED_CHUNK_ROWS,

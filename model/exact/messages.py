@@ -19,7 +19,8 @@ from model.engine import (
     one_row,
     row_forms,
 )
-from model.exact.affinity import Affinity, _index_type
+from model.exact.affinity import Affinity
+from model.exact.gram import index_dtype
 from model.ratings import LineIndex, Ratings, ranges, stable_order
 from model.types import FloatArray, IntArray
 
@@ -325,7 +326,7 @@ class ColumnMajor:
     def _of_sorted(cls, t_sorted: FloatArray, known: Ratings) -> ColumnMajor:
         """From t (p, N) of the entries in the column index's order."""
         order = known.by_col.order
-        indices = known.rows[order].astype(_index_type(known.n_users))
+        indices = known.rows[order].astype(index_dtype(known.n_users))
         ptr = known.by_col.indptr.astype(indices.dtype)
         shape = (known.n_items, known.n_users)
         data = [*t_sorted, np.ones(len(order))]
@@ -351,7 +352,7 @@ class ColumnMajor:
         live = known.by_col.order  # the ratings' positions, by column
         keys = known.cols[live] * p + labels[live]
         order = live[stable_order(keys, known.n_items * p)]
-        index_type = _index_type(max(known.n_users, known.n_items * p + 1, len(known)))
+        index_type = index_dtype(max(known.n_users, known.n_items * p + 1, len(known)))
         counts = np.bincount(keys, minlength=known.n_items * p)
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(index_type)
         indices = known.rows[order].astype(index_type)

@@ -22,17 +22,11 @@ from model.engine import (
     one_row,
     row_products,
 )
-from model.exact.affinity import (
-    Affinity,
-    CoRatingGram,
-    SparseAffinity,
-    centred_norms,
-    co_rating_affinity,
-    co_rating_rows,
-)
+from model.exact.affinity import Affinity, SparseAffinity
 from model.exact.baseline import BiasModel, baseline_mixture
 from model.exact.explain import Explanation, explain
 from model.exact.field import KnownField, LevelInterpolation, known_field
+from model.exact.gram import CoRatingGram, centred_norms, co_rating_affinity, co_rating_rows
 from model.exact.lines import Lines
 from model.exact.messages import ClampedRows, ColumnMajor, Distributions, FactorizedGraph, clamped_sums
 from model.exact.posterior import posterior, query_distributions, user_distributions

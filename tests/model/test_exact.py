@@ -312,9 +312,9 @@ def test_a_sparse_table_holding_every_neighbour_is_the_dense_table(monkeypatch: 
     users = exact.co_rating_affinity(cols, rows, values, 30, 40, 2.0, 5.0, what="users")
     assert isinstance(dense, exact.DenseAffinity)
     monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 10)
-    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)  # the sparse product, not dense products
+    monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 0)  # the sparse product, not dense products
     monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 40)
-    monkeypatch.setattr(exact.affinity, "GRAM_CHUNK_PAIRS", 50)  # many chunks
+    monkeypatch.setattr(exact.gram, "GRAM_CHUNK_PAIRS", 50)  # many chunks
     sparse = exact.co_rating_affinity(rows, cols, values, 40, 30, 2.0, 5.0)
     assert isinstance(sparse, exact.SparseAffinity)
     np.testing.assert_allclose(sparse.toarray(), dense.toarray(), atol=1e-12)
@@ -380,13 +380,13 @@ def test_the_gram_of_dense_products_keeps_what_the_sparse_product_keeps(
     rows, cols = np.nonzero(rng.random((50, 40)) < 0.3)
     values = rng.normal(3.0, 1.0, len(rows))  # no ties among the scores
     monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 10)
-    monkeypatch.setattr(exact.affinity, "PRODUCT_CHUNK_CELLS", 7 * 40)  # chunks of 7 rows
+    monkeypatch.setattr(exact.gram, "PRODUCT_CHUNK_CELLS", 7 * 40)  # chunks of 7 rows
     for neighbours in (40, 3):
         monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", neighbours)
-        monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
+        monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 0)
         sparse = exact.co_rating_affinity(rows, cols, values, 50, 40, 1.5, 5.0)
         users = exact.co_rating_affinity(cols, rows, values, 40, 50, 1.5, 5.0, what="users")
-        monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 100)
+        monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 100)
 
         def refused(*args: object) -> None:
             raise AssertionError("the sparse product ran")
@@ -410,17 +410,17 @@ def test_a_grams_cost_is_the_cheaper_of_its_pairs_and_its_dense_products(
     known = Ratings(rng.integers(0, 40, 900), rng.integers(0, 70, 900), rng.integers(1, 6, 900), 40, 70)
     counts = np.bincount(known.rows).astype(np.float64)
     pairs = int(counts @ counts)
-    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
+    monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 0)
     assert exact.gram_cost(known, "items") == pairs
-    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 70)
-    monkeypatch.setattr(exact.affinity, "PRODUCT_UNITS_PER_PAIR", 1)
+    monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 70)
+    monkeypatch.setattr(exact.gram, "PRODUCT_UNITS_PER_PAIR", 1)
     assert exact.gram_cost(known, "items") == pairs  # 2 x 40 x 70^2 units: dearer than the pairs
-    monkeypatch.setattr(exact.affinity, "PRODUCT_UNITS_PER_PAIR", 1000)
+    monkeypatch.setattr(exact.gram, "PRODUCT_UNITS_PER_PAIR", 1000)
     assert exact.gram_cost(known, "items") == 2 * 40 * 70 * 70 // 1000
     monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 50)
-    monkeypatch.setattr(exact.affinity, "GRAM_PAIR_BUDGET", 2 * 40 * 70 * 70 // 1000)
+    monkeypatch.setattr(exact.gram, "GRAM_PAIR_BUDGET", 2 * 40 * 70 * 70 // 1000)
     assert exact.co_rating_affordable(known, "items")
-    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 69)
+    monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 69)
     assert not exact.co_rating_affordable(known, "items")
 
 
@@ -430,7 +430,7 @@ def test_a_sparse_table_keeps_each_lines_strongest_neighbours_and_stays_symmetri
     rows, cols, values = _ratings(60, 40, 0.4, 4)
     full = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
     monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 10)
-    monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
+    monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 0)
     monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 3)
     cut = exact.co_rating_affinity(rows, cols, values, 60, 40, 1.0, 10.0).toarray()
     np.testing.assert_array_equal(cut, cut.T)
@@ -505,7 +505,7 @@ def test_exact_inference_with_line_terms_equals_dense_mean_field(
         monkeypatch.setattr(exact.messages, "QUERY_CHUNK", 2)
         monkeypatch.setattr(exact.messages, "MEMBER_CHUNK", 5)
         monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 2)
-        monkeypatch.setattr(exact.affinity, "GRAM_BLAS_LINES", 0)
+        monkeypatch.setattr(exact.gram, "GRAM_BLAS_LINES", 0)
         monkeypatch.setattr(exact.affinity, "CO_RATING_NEIGHBOURS", 10)
     rng = np.random.default_rng(11)
     n, m, d = 7, 6, 3

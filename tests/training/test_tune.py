@@ -205,7 +205,7 @@ def test_a_co_rating_table_over_the_pair_budget_is_left_out_of_the_search(
     artifact = load_artifact(tuned[0])
     items, users = exact.gram_cost(artifact.train, "items"), exact.gram_cost(artifact.train, "users")
     assert items < users  # 80 users x 60 items: an item is rated by more users than a user rates items
-    monkeypatch.setattr(exact.affinity, "GRAM_PAIR_BUDGET", (items + users) // 2)
+    monkeypatch.setattr(exact.gram, "GRAM_PAIR_BUDGET", (items + users) // 2)
     built: list[str] = []
     gram_of = exact.CoRatingGram.of.__func__  # type: ignore[attr-defined]
 
@@ -233,7 +233,7 @@ def test_the_untuned_start_leaves_a_costly_term_off(monkeypatch: pytest.MonkeyPa
     levels = np.arange(1.0, 6.0)
     assert start_inference(levels, 40, 70, known).kernel.co_rating > 0
     monkeypatch.setattr(exact.affinity, "DENSE_TABLE_MAX", 50)  # the item table (70 lines) is now sparse
-    monkeypatch.setattr(exact.affinity, "GRAM_PAIR_BUDGET", exact.gram_cost(known, "items") - 1)
+    monkeypatch.setattr(exact.gram, "GRAM_PAIR_BUDGET", exact.gram_cost(known, "items") - 1)
     inference = start_inference(levels, 40, 70, known)
     assert inference.kernel.co_rating == 0 and inference.kernel.co_rating_user > 0
     assert start_inference(levels, 40, 70).kernel.co_rating > 0  # without the ratings: START as it is
