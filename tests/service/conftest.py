@@ -251,3 +251,11 @@ def service(tiny_artifact: Path, key_prefix: str) -> Iterator[Service]:
 def artifact_copy(tiny_artifact: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny artifact, safe to tamper with."""
     return Path(shutil.copytree(tiny_artifact, tmp_path / "artifact"))
+
+
+@pytest.fixture()
+def durable_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test with an append-only file fsynced on every write."""
+    server = RedisServer(directory=tmp_path).start()
+    yield server
+    server.kill()
