@@ -8,11 +8,17 @@ in, so arrays aligned with that order (the known entries' distributions) stay al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from model.engine import nearest_level
 from model.types import FloatArray, IntArray
+
+
+def index_dtype(size: int) -> type[np.signedinteger[Any]]:
+    """The narrowest index type scipy's sparse matrices take for `size` entries or lines."""
+    return np.int32 if size < 2**31 else np.int64
 
 
 def ranges(starts: IntArray, counts: IntArray) -> tuple[IntArray, IntArray]:

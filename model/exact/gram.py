@@ -10,7 +10,6 @@ The maths: the package docstring (model/exact/__init__.py) and docs/model.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -18,7 +17,7 @@ from scipy.linalg import blas
 
 from model.exact import affinity
 from model.exact.affinity import Affinity, DenseAffinity, SparseAffinity
-from model.ratings import LineIndex, Ratings
+from model.ratings import LineIndex, Ratings, index_dtype
 from model.types import FloatArray, IntArray
 
 GRAM_PAIR_BUDGET = 2_000_000_000
@@ -289,8 +288,3 @@ def co_rating_rows(
     rho = num / np.maximum(norms[targets, None] * norms[None, :], 1e-12) * (co / (co + shrink))
     out: FloatArray = np.maximum(rho, 0.0) ** power
     return out
-
-
-def index_dtype(size: int) -> type[np.signedinteger[Any]]:
-    """The narrowest index type scipy's sparse matrices take for `size` entries or lines."""
-    return np.int32 if size < 2**31 else np.int64

@@ -20,8 +20,7 @@ from model.engine import (
     row_forms,
 )
 from model.exact.affinity import Affinity
-from model.exact.gram import index_dtype
-from model.ratings import LineIndex, Ratings, ranges, stable_order
+from model.ratings import LineIndex, Ratings, index_dtype, ranges, stable_order
 from model.types import FloatArray, IntArray
 
 CLAMPED_CHUNK_ROWS = 4096
