@@ -98,6 +98,22 @@ class OnlineState:
         return self.biases.predict(user, items)
 
 
+@dataclass
+class _Checkpoint:
+    """What a batch may change in a `FoldIn` before it publishes its state, to roll back to."""
+
+    n_users: int
+    n_items: int
+    online: dict[int, dict[int, float]]
+    new_items: dict[int, dict[int, float]]
+    forgotten: set[int]
+    taken_back: set[int]
+    embedded: np.ndarray
+    bias: BiasModel
+    kept: list[np.ndarray]
+    """Positions of the artifact's ratings the batch re-rated or took back (`_keep` was True there)."""
+
+
 class FoldIn:
     """An artifact's model that takes ratings online (see the module docstring)."""
 
@@ -126,7 +142,12 @@ class FoldIn:
         self._items = list(artifact.items.ids)
         self._item_index = {item: j for j, item in enumerate(self._items)}
         self._online: dict[int, dict[int, float]] = {}  # user -> item -> latest online rating
-        self._forgotten: set[int] = set()
+        # Users forgotten before the artifact was trained (`dcmc train --online-ratings` records them):
+        # their ratings are gone from it, and so they stay unknown, whatever the stream holds after.
+        online = (artifact.meta.get("dataset") or {}).get("online_ratings") or {}
+        listed = online.get("forgotten_users", [])
+        recorded = [str(u) for u in listed] if isinstance(listed, list) else []  # a count before 0.2
+        self._forgotten: set[int] = {self._user_index[u] for u in recorded if u in self._user_index}
         self._taken_back: set[int] = set()  # users an artifact rating of whom was taken back
         self._new_items: dict[int, dict[int, float]] = {}  # new item -> user -> rating
         self._embedded = np.ones(len(self._items), dtype=bool)  # new items: once the column branch can
@@ -152,7 +173,15 @@ class FoldIn:
             )
         self._lock = threading.Lock()
         self._stacked = stacked_decoder(network.bilinear)  # the decoder never changes online: stacked once
-        self.state = OnlineState(network, self._base, scorer, 0, self._embedded.copy(), self._bias)
+        self.state = OnlineState(
+            network,
+            self._base,
+            scorer,
+            0,
+            self._embedded.copy(),
+            self._bias,
+            forgotten=frozenset(self._forgotten),
+        )
 
     @property
     def n_users(self) -> int:
@@ -219,62 +248,102 @@ class FoldIn:
         if not ratings:
             return
         with self._lock:
-            m = self.artifact.config.n_items
-            users: set[int] = set()
-            items: set[int] = set()
-            pairs: dict[tuple[int, int], float | None] = {}  # this batch's latest rating of each pair
-            for user, item, value in ratings:
-                if value is None and item == FORGET:
-                    self._forget(user, users, items, pairs)
-                    continue
-                if value is None:
-                    self._retract(user, item, users, items, pairs)
-                    continue
-                self._forgotten.discard(self._user_index.get(user, -1))  # rating again: known again
-                i = self._user_index.get(user)
-                if i is None:
-                    i = self._user_index[user] = len(self._users)
-                    self._users.append(user)
-                j = self._item_index.get(item)
-                if j is None:
-                    j = self._item_index[item] = len(self._items)
-                    self._items.append(item)
-                # New dicts rather than changed ones: a request may be reading the old ones.
-                self._online[i] = {**self._online.get(i, {}), j: float(value)}
-                if j >= m:
-                    self._new_items[j] = {**self._new_items.get(j, {}), i: float(value)}
-                    items.add(j)
-                users.add(i)
-                pairs[i, j] = float(value)
-            base = self._base
-            for (i, j), value in pairs.items():  # the artifact's ratings re-rated or taken back now
-                if i < base.n_users:
-                    hit = base.find(i, j)
-                    self._keep[hit] = False
-                    if value is None and len(hit):
-                        self._taken_back.add(i)
-            touched_users = np.array(sorted(users), dtype=np.int64)
-            touched_items = np.array(sorted(items), dtype=np.int64)
-            network, embedded_items, touched_users = self._network(touched_users, touched_items)
-            known = self._known(pairs, embedded_items)
-            self._refit_biases(touched_users, touched_items)
-            old = self.state
-            scorer = old.scorer.updated(network, known, touched_users, embedded_items)
-            known = _same_known(scorer, known)
-            applied = old.applied + len(ratings)
-            items_changed = len(embedded_items) > 0 or len(self._items) > len(old.embedded)
-            self.state = OnlineState(
-                network,
-                known,
-                scorer,
-                applied,
-                self._embedded.copy(),
-                self._bias,  # a new one per refit: never changed in place
-                dict(self._online),  # the inner dicts are never changed, only replaced
-                {**old.changed, **dict.fromkeys(touched_users.tolist(), applied)},
-                applied if items_changed else old.items_changed,
-                frozenset(self._forgotten),
-            )
+            undo = self._checkpoint()
+            try:
+                self._apply(ratings, undo)
+            except BaseException:  # nothing published: the next state is built whole or not at all
+                self._rollback(undo)
+                raise
+
+    def _checkpoint(self) -> _Checkpoint:
+        """What `_apply` may change before it publishes a state (the caller holds the lock)."""
+        return _Checkpoint(
+            len(self._users),
+            len(self._items),
+            dict(self._online),  # the inner dicts are never changed, only replaced
+            dict(self._new_items),
+            set(self._forgotten),
+            set(self._taken_back),
+            self._embedded,
+            self._bias,
+            [],
+        )
+
+    def _rollback(self, undo: _Checkpoint) -> None:
+        """Back to `undo` after a batch that failed half way (the caller holds the lock). The ids it added
+        leave the vocabularies: no published state holds them (a state bounds the indexes it answers)."""
+        for user in self._users[undo.n_users :]:
+            del self._user_index[user]
+        del self._users[undo.n_users :]
+        for item in self._items[undo.n_items :]:
+            del self._item_index[item]
+        del self._items[undo.n_items :]
+        self._online, self._new_items = undo.online, undo.new_items
+        self._forgotten, self._taken_back = undo.forgotten, undo.taken_back
+        self._embedded, self._bias = undo.embedded, undo.bias
+        for positions in undo.kept:
+            self._keep[positions] = True
+
+    def _apply(self, ratings: Sequence[tuple[str, str, float | None]], undo: _Checkpoint) -> None:
+        """`apply` (the caller holds the lock and rolls back on failure)."""
+        m = self.artifact.config.n_items
+        users: set[int] = set()
+        items: set[int] = set()
+        pairs: dict[tuple[int, int], float | None] = {}  # this batch's latest rating of each pair
+        for user, item, value in ratings:
+            if value is None and item == FORGET:
+                self._forget(user, users, items, pairs)
+                continue
+            if value is None:
+                self._retract(user, item, users, items, pairs)
+                continue
+            self._forgotten.discard(self._user_index.get(user, -1))  # rating again: known again
+            i = self._user_index.get(user)
+            if i is None:
+                i = self._user_index[user] = len(self._users)
+                self._users.append(user)
+            j = self._item_index.get(item)
+            if j is None:
+                j = self._item_index[item] = len(self._items)
+                self._items.append(item)
+            # New dicts rather than changed ones: a request may be reading the old ones.
+            self._online[i] = {**self._online.get(i, {}), j: float(value)}
+            if j >= m:
+                self._new_items[j] = {**self._new_items.get(j, {}), i: float(value)}
+                items.add(j)
+            users.add(i)
+            pairs[i, j] = float(value)
+        base = self._base
+        for (i, j), value in pairs.items():  # the artifact's ratings re-rated or taken back now
+            if i < base.n_users:
+                hit = base.find(i, j)
+                undo.kept.append(hit[self._keep[hit]])
+                self._keep[hit] = False
+                if value is None and len(hit):
+                    self._taken_back.add(i)
+        touched_users = np.array(sorted(users), dtype=np.int64)
+        touched_items = np.array(sorted(items), dtype=np.int64)
+        network, embedded_items, dropped, touched_users = self._network(touched_users, touched_items)
+        known = self._known(pairs, embedded_items, dropped)
+        self._refit_biases(touched_users, touched_items)
+        old = self.state
+        changed_items = np.union1d(embedded_items, dropped)
+        scorer = old.scorer.updated(network, known, touched_users, changed_items)
+        known = _same_known(scorer, known)
+        applied = old.applied + len(ratings)
+        items_changed = len(changed_items) > 0 or len(self._items) > len(old.embedded)
+        self.state = OnlineState(
+            network,
+            known,
+            scorer,
+            applied,
+            self._embedded.copy(),
+            self._bias,  # a new one per refit: never changed in place
+            dict(self._online),  # the inner dicts are never changed, only replaced
+            {**old.changed, **dict.fromkeys(touched_users.tolist(), applied)},
+            applied if items_changed else old.items_changed,
+            frozenset(self._forgotten),
+        )
 
     def snapshot(self) -> tuple[int, bytes]:
         """The published state and what later ratings build on, as (applied, payload): an .npz of plain
@@ -469,16 +538,22 @@ class FoldIn:
         users.add(i)
         pairs[i, j] = None
 
-    def _known(self, pairs: dict[tuple[int, int], float | None], embedded: IntArray) -> Ratings:
+    def _known(
+        self, pairs: dict[tuple[int, int], float | None], embedded: IntArray, dropped: IntArray
+    ) -> Ratings:
         """The CRF's known ratings: the artifact's less those re-rated online, then every online rating of
         an item that has an embedding. The published ones with this batch's `pairs` re-rated, taken back
-        or added, and the ratings of the items `embedded` just now added (`Ratings.changed`: no rebuild,
-        so a batch costs what it changes, not all N ratings)."""
+        or added, the ratings of the items `embedded` just now added, and those of the items `dropped`
+        (their embedding gone) taken out (`Ratings.changed`: no rebuild, so a batch costs what it changes,
+        not all N ratings)."""
         changes = {pair: value for pair, value in pairs.items() if self._embedded[pair[1]]}
         for item in embedded.tolist():  # first embedded now: every online rating of it joins
             changes.update({(user, item): value for user, value in self._new_items[item].items()})
         old = self.state.known
         at, values, rows, cols, added, removed = [], [], [], [], [], []
+        for item in dropped.tolist():
+            if item < old.n_items:
+                removed += old.by_col.of(item).tolist()
         for (user, item), value in changes.items():
             hit = old.find(user, item)
             if value is None:  # retracted
@@ -501,12 +576,14 @@ class FoldIn:
             np.array(removed, dtype=np.int64),
         )
 
-    def _network(self, users: IntArray, items: IntArray) -> tuple[Network, IntArray, IntArray]:
+    def _network(self, users: IntArray, items: IntArray) -> tuple[Network, IntArray, IntArray, IntArray]:
         """The network with the changed new items' embeddings recomputed by the column branch, then the
-        changed users' by the row branch (rows grown for new users and items). A user who rated an item
+        changed users' by the row branch (rows grown for new users and items). A new item none of whose
+        raters the model was trained on any more (retracted, forgotten) loses its embedding: it was made
+        from those ratings, and the item is answered by the bias baseline again. A user who rated an item
         whose embedding changed is changed too (its refinement reads that embedding), so the state depends
-        on the ratings alone, not on how they were batched. Returns (network, the items embedded, every
-        user changed)."""
+        on the ratings alone, not on how they were batched. Returns (network, the items embedded, the items
+        whose embedding was dropped, every user changed)."""
         old = self.state.network
         train = self.artifact.train
         n, m = train.n_users, train.n_items  # the branches' input widths
@@ -516,23 +593,31 @@ class FoldIn:
         # The items' table is copied only when it changes (rows for new items, or embeddings for them).
         same_items = not len(items) and len(self._items) == old.n_items
         item_emb = old.item_emb if same_items else _grown(old.item_emb, len(self._items))
-        columns, embeddable = [], []
+        columns, embeddable, lost = [], [], []
         for item in items:
             raters = self._new_items[int(item)]
-            by = np.fromiter(raters.keys(), dtype=np.int64)
+            by = np.fromiter(raters.keys(), dtype=np.int64, count=len(raters))
             trained = by < n  # the column branch reads the users the model was trained on
             if trained.any():
                 column = np.zeros(n, dtype=np.float32)
                 column[by[trained]] = np.fromiter(raters.values(), dtype=np.float32)[trained]
                 columns.append(column)
                 embeddable.append(int(item))
+            elif self._embedded[int(item)]:
+                lost.append(int(item))
         embedded = np.array(embeddable, dtype=np.int64)
+        dropped = np.array(lost, dtype=np.int64)
+        if len(dropped):
+            item_emb[dropped] = 0.0
+            self._embedded[dropped] = False
         if len(embedded):
             vectors = np.asarray(self._embed_cols(np.stack(columns)), np.float32)
             item_emb[embedded] = vectors.astype(np.float64)
             self._embedded[embedded] = True
-            by_item = [np.fromiter(self._new_items[int(j)], dtype=np.int64) for j in embedded]
-            users = np.union1d(users, np.concatenate(by_item))
+        changed_items = np.union1d(embedded, dropped)
+        if len(changed_items):  # their raters' refinements read those embeddings
+            by_item = [np.fromiter(self._new_items[int(j)], dtype=np.int64) for j in changed_items]
+            users = np.union1d(users, np.concatenate(by_item)).astype(np.int64)
         rows = np.zeros((len(users), m), dtype=np.float32)
         existing = users < n
         if existing.any():
@@ -562,9 +647,9 @@ class FoldIn:
                     user_emb[user], item_emb[items], old.bilinear, labels, stacked=stacked
                 )
         # The float32 catalogue that whole-catalogue reads take stays the old one while no item changed.
-        same = not len(embedded) and len(item_emb) == old.n_items
+        same = not len(changed_items) and len(item_emb) == old.n_items
         table = old.item_table if same else None
-        return old.with_rows(user_emb, item_emb, users, embedded, table), embedded, users
+        return old.with_rows(user_emb, item_emb, users, changed_items, table), embedded, dropped, users
 
     def _ratings_of(self, user: int) -> tuple[IntArray, np.ndarray]:
         """The user's known ratings of items with an embedding: the artifact's (less those re-rated), then

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -169,6 +170,107 @@ class Compacted:
             raise ValueError(f"not a compacted head: {exc}") from None
 
 
+READ_SCRIPT = """
+local entries = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
+if redis.call('EXISTS', KEYS[1]) == 0 then return {entries, false, false} end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local deleted, generated = false, false
+for i = 1, #info, 2 do
+  if info[i] == 'max-deleted-entry-id' then deleted = info[i + 1] end
+  if info[i] == 'last-generated-id' then generated = info[i + 1] end
+end
+return {entries, deleted, generated}
+"""
+"""`read_page`: entries after an id and the stream's max-deleted-entry-id and last-generated-id, in one atomic
+step (one key: it runs on Redis Cluster as it is)."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """One read of the stream: the raw entries after an id (id, {field: value}), and at that instant the
+    newest id ever deleted from it by XDEL and the newest ever added (None: no stream, or a Redis older than
+    7.0, which does not keep the first). Redis does not count what XTRIM removes there: a compaction's
+    trim is found by its head instead (`head_last`), which it writes first."""
+
+    entries: list[tuple[str, dict[Any, Any]]]
+    max_deleted: str | None
+    last_generated: str | None
+
+    def deleted_after(self, position: str) -> bool:
+        """Whether an entry after `position` was deleted (XDEL) before this read: a forgotten user's
+        purged entries (`explained_by_purge`), or entries deleted by hand."""
+        return self.max_deleted is not None and stream_order(self.max_deleted) > stream_order(position)
+
+
+MARK_SCRIPT = """
+local function order(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local current = redis.call('GET', KEYS[1])
+if current then
+  local a, b = order(current)
+  local c, d = order(ARGV[1])
+  if a > c or (a == c and b >= d) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+"""Raise the purge mark (`purged_key`) to the id ARGV[1] if it is below it."""
+
+
+def purged_key(stream: str) -> str:
+    """The key holding the newest stream id deleted by forgetting a user (the purge mark): set before the
+    deletion, so that a reader who sees an entry after its place deleted can tell that purge (the
+    forgotten user's earlier entries, nothing it needs) from a trim (`explained_by_purge`)."""
+    return f"{stream}:purged"
+
+
+def mark_purged(client: Any, stream: str, up_to: str) -> None:
+    """Raise the purge mark of `stream` to `up_to` (before deleting entries up to it)."""
+    client.eval(MARK_SCRIPT, 1, purged_key(stream), up_to)
+
+
+def explained_by_purge(client: Any, stream: str, page: Page) -> bool:
+    """Whether what `page` says was deleted is no later than the purge mark: deleted by forgetting a user,
+    not trimmed. Raises redis.RedisError."""
+    mark = client.get(purged_key(stream))
+    if mark is None or page.max_deleted is None:
+        return False
+    return stream_order(text(mark)) >= stream_order(page.max_deleted)
+
+
+def read_page(client: Any, key: str, after: str, count: int, up_to: str = "+") -> Page:
+    """The stream `key`'s entries after the id `after` ("0": from the start) up to `up_to`, at most
+    `count`, with what was deleted and added (READ_SCRIPT). Raises redis.RedisError."""
+    start = f"({after}" if after != "0" else "-"
+    raw, deleted, generated = client.eval(READ_SCRIPT, 1, key, start, up_to, count)
+    entries = [(text(i), dict(zip(f[::2], f[1::2], strict=True))) for i, f in raw]
+
+    def shown(value: Any) -> str | None:
+        return None if value is None or value is False else text(value)
+
+    return Page(entries, shown(deleted), shown(generated))
+
+
+HEAD_LAST = re.compile(r'^\{"format": 1, "last": "([0-9]+-[0-9]+)"')
+"""A compacted head's `last`, read from the start of its JSON (`Compacted.to_json` writes it second)."""
+
+
+def head_last(client: Any, stream: str) -> str | None:
+    """The `last` of the stream's compacted head, read from its first bytes alone (a head can hold
+    megabytes): None where there is no head. A head whose start is not as `Compacted.to_json` writes it
+    is read whole (ValueError when it is no head at all). Raises redis.RedisError."""
+    raw = client.getrange(compacted_key(stream), 0, 127)
+    if not raw:
+        return None
+    match = HEAD_LAST.match(text(raw))
+    if match:
+        return match.group(1)
+    whole = client.get(compacted_key(stream))
+    return None if whole is None else Compacted.from_json(whole).last
+
+
 def after(entry_id: str) -> str:
     """The smallest stream id after `entry_id` ("ms-seq" -> "ms-(seq+1)"): XTRIM MINID of it removes the
     entries up to `entry_id`."""
@@ -269,14 +371,17 @@ def connect(url: str, **options: Any) -> Any:
 
 
 class _Cluster:
-    """redis.cluster.RedisCluster made on first use; a cluster it cannot reach raises
-    redis.ConnectionError (what every caller handles), and the next command tries again."""
+    """redis.cluster.RedisCluster made on first use. A cluster it cannot reach, or one that is down, raises
+    redis.ConnectionError (what every caller handles as "Redis is unavailable") whatever the command: the
+    cluster client's own RedisClusterException (unreachable, a slot not covered) is not a RedisError, and
+    its ClusterDownError and TryAgainError are ResponseErrors, which callers read as a refused command. The
+    next command tries again."""
 
     def __init__(self, url: str, options: dict[str, Any]) -> None:
         self._url, self._options = url, options
         self._client: Any = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _connected(self) -> Any:
         if self._client is None:
             import redis
             from redis.cluster import RedisCluster
@@ -284,11 +389,44 @@ class _Cluster:
 
             try:
                 self._client = RedisCluster.from_url(self._url, **self._options)
-            except RedisClusterException as exc:
-                raise redis.ConnectionError(f"Redis Cluster at {redact_url(self._url)}: {exc}") from None
-        return getattr(self._client, name)
+            except RedisClusterException as exc:  # nothing was sent: no node answered
+                raise redis.ConnectionError(
+                    f"connecting to Redis Cluster at {redact_url(self._url)}: {exc}"
+                ) from None
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._connected(), name)
+        if not callable(value):
+            return value
+        return _unavailable_as_connection_error(value, self._url)
 
     def close(self) -> None:
         """Release the connections (nothing when it never connected)."""
         if self._client is not None:
             self._client.close()
+
+
+def _unavailable_as_connection_error(call: Any, url: str) -> Any:
+    """`call`, raising redis.ConnectionError where the cluster is unreachable or down (`_Cluster`); a
+    pipeline it returns does the same on `execute`."""
+    import functools
+
+    import redis
+    from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
+
+    @functools.wraps(call)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = call(*args, **kwargs)
+        except (ClusterDownError, TryAgainError) as exc:  # the server's reply: the command did not run
+            raise redis.ConnectionError(
+                f"Redis Cluster at {redact_url(url)} refused the command: {exc}"
+            ) from None
+        except RedisClusterException as exc:  # no node answered: the command may have run before
+            raise redis.ConnectionError(f"Redis Cluster at {redact_url(url)}: {exc}") from None
+        if hasattr(out, "execute") and hasattr(out, "command_stack"):  # a pipeline
+            out.execute = _unavailable_as_connection_error(out.execute, url)
+        return out
+
+    return wrapped

@@ -610,3 +610,77 @@ def test_the_state_holds_the_known_ratings_its_scorer_answers_from(artifact: Art
     assert user is not None
     (top,) = state.scorer.explain(user, np.array([5]), 3)
     assert len(top.known) and np.isin(top.known, state.known.by_row.order).all()  # each holds a rating
+
+
+def test_a_batch_that_fails_half_way_changes_nothing(artifact: Artifact) -> None:
+    """Issue 56, defect 7: `apply` changed its bookkeeping (ids, online ratings, re-rated positions) before
+    the steps that can fail and never rolled back; a batch is now applied wholly or not at all."""
+    overrides = {**EXACT, "kernel.co_rating_user": 5.0, "output.baseline": 0.3}
+    fold, onnx = _fold(artifact, overrides)
+    clean, _ = _fold(artifact, overrides)
+    fold.apply(_batch(artifact)[:1])
+    clean.apply(_batch(artifact)[:1])
+    before, users, items = fold.state, fold.n_users, fold.new_items
+    calls = []
+
+    def failing(rows: np.ndarray) -> np.ndarray:
+        calls.append(len(rows))
+        raise MemoryError("a test's fault")
+
+    fold._embed_rows = failing  # type: ignore[method-assign]
+    batch = [*_batch(artifact)[1:], ("stranger", "gadget", 5.0), (artifact.users.external(4), "gadget", 2.0)]
+    with pytest.raises(MemoryError):
+        fold.apply(batch)
+    assert calls and fold.state is before  # nothing published
+    assert (fold.n_users, fold.new_items) == (users, items) and fold.user_index("newcomer") is None
+    assert fold.unseen(["newcomer"], ["gadget"]) == ({"newcomer"}, {"gadget"})  # the ids went back
+    fold._embed_rows = onnx.embed_users  # type: ignore[method-assign]
+    fold.apply(batch)  # the same batch again, now that it passes
+    clean.apply(batch)
+    a, b = fold.state, clean.state
+    assert fold.user_index("newcomer") == clean.user_index("newcomer")
+    np.testing.assert_allclose(a.network.user_emb, b.network.user_emb, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(a.known.compact().values, b.known.compact().values)
+    rows = np.repeat(np.arange(a.network.n_users), 4)
+    cols = np.tile(np.arange(4), a.network.n_users)
+    pa = a.scorer.predict(rows, cols, a.network.probabilities(rows, cols))
+    pb = b.scorer.predict(rows, cols, b.network.probabilities(rows, cols))
+    np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-12)
+
+
+def test_a_new_item_whose_trained_raters_are_gone_loses_its_embedding(artifact: Artifact) -> None:
+    """Issue 56, defect 8: a new item kept the embedding made from its only trained rater's rating after
+    that rating was taken back (or the rater forgotten)."""
+    from model.stream import FORGET
+
+    fold, _ = _fold(artifact, {**EXACT, "kernel.scaling": "normalized"})
+    rater = artifact.users.external(2)
+    fold.apply([("stranger", "gadget", 5.0), (rater, "gadget", 4.0)])
+    j = fold.item_index("gadget")
+    assert j is not None and fold.state.embedded[j] and len(fold.state.known.by_col.of(j)) == 2
+    fold.apply([(rater, "gadget", None)])  # its only trained rater takes the rating back
+    state = fold.state
+    assert not state.embedded[j] and len(state.known.by_col.of(j)) == 0  # the stranger's rating leaves too
+    assert not state.network.item_emb[j].any()
+    assert state.online[fold.user_index("stranger")] == {j: 5.0}  # still the stranger's rating
+    fresh = build_scorer(state.network, state.known, fold_inference(fold))
+    assert isinstance(fresh, ExactScorer) and isinstance(state.scorer, ExactScorer)
+    np.testing.assert_allclose(state.scorer.field.g, fresh.field.g, rtol=1e-10, atol=1e-10)
+    fold.apply([(rater, "gadget", 3.0)])  # rated again: embedded again
+    assert fold.state.embedded[j]
+    fold.apply([(rater, FORGET, None)])  # forgetting the rater does the same
+    assert not fold.state.embedded[j] and not fold.state.network.item_emb[j].any()
+
+
+def test_users_the_artifact_records_as_forgotten_stay_unknown(artifact: Artifact) -> None:
+    """Issue 56, defect 6: the retrain that consumed a forget records the user (`forgotten_users`), so that
+    a fold-in of the new artifact never knows them again (until they rate anew)."""
+    meta = dict(artifact.meta)
+    user = artifact.users.external(5)
+    meta["dataset"] = {**(meta.get("dataset") or {}), "online_ratings": {"forgotten_users": [user]}}
+    recorded = dataclasses.replace(artifact, meta=meta)
+    onnx = OnnxNetwork(artifact.path)
+    fold = FoldIn(recorded, recorded.inference.with_overrides(EXACT), onnx.embed_users, onnx.embed_items)
+    assert fold.user_index(user) is None and 5 in fold.state.forgotten
+    fold.apply([(user, artifact.items.external(3), 4.0)])  # a new history
+    assert fold.user_index(user) == 5
