@@ -9,10 +9,12 @@ dataset's training ratings:
 - a new user or item gets the next index (its id appended to the dataset's, in order of first rating);
 - a rating of a pair the dataset already rates in its training part replaces that rating;
 - a retraction (DELETE /ratings) takes the pair's rating back: the online one, and the dataset's training
-  rating of the pair (its validation and test parts stay as they are: they are what the model is scored on);
+  and validation rating of the pair (validation ratings are known to the served model and refit on); its
+  test part stays as it is (what the model is scored on, never served);
 - forgetting a user (DELETE /users/{id}) drops every rating of the user before it, online and the
   dataset's, in every part (a privacy request outranks the evaluation); the id stays in the vocabulary
-  without ratings. Ratings of the same id after it are a new history;
+  without ratings, and the artifact lists it (`forgotten_users`) so that a service keeps it unknown.
+  Ratings of the same id after it are a new history;
 - a rating of a pair held out by the dataset (its test or validation part) is not trained on, so the
   held-out ratings stay unseen and the evaluation honest; the artifact keeps it (`held_out_pairs`) for the
   service, which folds it in as a known rating, as it did before the retrain (`dcmc evaluate` does not).
@@ -37,9 +39,12 @@ from model.stream import (
     Entry,
     compacted_key,
     connect,
+    explained_by_purge,
+    head_last,
     identity_key,
     off_levels,
     parse_entry,
+    read_page,
     redact_url,
     stream_key,
     text,
@@ -72,6 +77,9 @@ class OnlineRatings:
     """Users forgotten (their ratings before it are gone; `users` holds only their later ones)."""
     skipped: int = 0
     """Entries skipped as poison (as the service skips them)."""
+    forgotten_now: tuple[str, ...] = ()
+    """The forgotten users without a rating since their last forget: still forgotten (the artifact records
+    them, so that the service keeps them unknown)."""
 
 
 def stream_client(url: str, timeout_s: float) -> Any:
@@ -83,71 +91,109 @@ def stream_client(url: str, timeout_s: float) -> Any:
         raise DataError(str(exc)) from None
 
 
+READ_ATTEMPTS = 5
+"""How often a read of the stream starts again when a compaction trims past it meanwhile."""
+
+_HEAD = object()  # read_online_ratings: read the compacted head from Redis
+
+
 def read_online_ratings(
     url: str,
     prefix: str = "dcmc",
     timeout_s: float = 10.0,
     levels: Sequence[float] | None = None,
     up_to: str | None = None,
+    head: Any = _HEAD,
 ) -> OnlineRatings:
     """Every rating of the stream `<prefix>:ratings` at `url` (up to the id `up_to` when given), a
     re-rating replacing the earlier one, starting from the stream's compacted head where it has one
-    (training/compact.py); DataError when Redis cannot be read. An entry the service would not apply
-    (`model.stream.parse_entry` says it is poison, or its rating is not one of `levels`) is skipped and
-    counted, as the service skips it."""
+    (training/compact.py; `head`: its raw value as the caller read it, None for none); DataError when Redis
+    cannot be read. An entry the service would not apply (`model.stream.parse_entry` says it is poison,
+    or its rating is not one of `levels`) is skipped and counted, as the service skips it. A compaction
+    that trims the stream past the read meanwhile makes it start again from the new head (at most
+    READ_ATTEMPTS times), so no trimmed entry is skipped unknowingly."""
     import redis
 
     key = stream_key(prefix)
     client = stream_client(url, timeout_s)
-    latest: dict[tuple[str, str], float] = {}
-    retracted: dict[tuple[str, str], None] = {}
-    forgotten: dict[str, None] = {}
-    last, count, skipped = "0", 0, 0
     try:
-        raw: Any = client.get(identity_key(key))
-        identity = text(raw) if raw is not None else None
-        head_raw: Any = client.get(compacted_key(key))
-        head = None if head_raw is None else Compacted.from_json(head_raw)
-        if head is not None and head.identity != identity:
-            log.warning("ignoring the compacted head of %s: it is of another stream of that name", key)
-            head = None
-        if head is not None:  # the entries it consolidates are trimmed from the stream
-            latest = {(u, i): r for u, i, r in head.ratings}
-            retracted = dict.fromkeys(head.retracted)
-            forgotten = dict.fromkeys(head.forgotten)
-            last, count = head.last, len(head.ratings) + len(head.retracted) + len(head.forgotten)
-        while True:
-            start = f"({last}" if last != "0" else "-"
-            page: Any = client.xrange(key, min=start, max=up_to or "+", count=PAGE)
-            if not page:
-                break
-            parsed = [parse_entry(i, f) for i, f in page]
-            entries = [e for e in parsed if isinstance(e, Entry)]
-            refused = {p.id for p in off_levels(entries, levels)} if levels is not None else set()
-            skipped += len(parsed) - len(entries) + len(refused)
-            for entry in entries:
-                if entry.id in refused:
-                    continue
-                if entry.item == FORGET and entry.rating is None:  # every earlier rating of the user is gone
-                    gone = entry.user
-                    latest = {p: v for p, v in latest.items() if p[0] != gone}
-                    retracted = {p: None for p in retracted if p[0] != gone}
-                    forgotten[gone] = None
-                    continue
-                pair = (entry.user, entry.item)
-                latest.pop(pair, None)  # a re-rating moves to the end: the order of last ratings
-                if entry.rating is not None:
-                    latest[pair] = entry.rating
-                    retracted.pop(pair, None)
-                else:  # a retraction
-                    retracted[pair] = None
-            last, count = text(page[-1][0]), count + len(page)
+        for _ in range(READ_ATTEMPTS):
+            raw_head = client.get(compacted_key(key)) if head is _HEAD else head
+            got = _read_once(client, key, raw_head, levels, up_to)
+            if got is not None:
+                return got
+            if head is not _HEAD:
+                raise DataError(f"the stream {key} was compacted past the given head meanwhile")
     except redis.RedisError as exc:
         raise DataError(f"cannot read the online ratings from {redact_url(url)} ({key}): {exc}") from None
     except ValueError as exc:  # a compacted head that does not parse: its ratings cannot be read
         raise DataError(f"the compacted head of {key} at {redact_url(url)} cannot be read: {exc}") from None
     finally:
         client.close()
+    raise DataError(f"the stream {key} kept being compacted during {READ_ATTEMPTS} reads; try again")
+
+
+def _read_once(
+    client: Any, key: str, head_raw: Any, levels: Sequence[float] | None, up_to: str | None
+) -> OnlineRatings | None:
+    """`read_online_ratings` from the head `head_raw`, or None when a compaction trimmed the stream past
+    the read (start again)."""
+    latest: dict[tuple[str, str], float] = {}
+    retracted: dict[tuple[str, str], None] = {}
+    forgotten: dict[str, None] = {}
+    rated_since: set[str] = set()  # forgotten users with a rating after their last forget: known again
+    last, count, skipped = "0", 0, 0
+    raw: Any = client.get(identity_key(key))
+    identity = text(raw) if raw is not None else None
+    head = None if head_raw is None else Compacted.from_json(head_raw)
+    started = head.last if head is not None else None  # whatever its stream: a new head changes it
+    if head is not None and head.identity != identity:
+        log.warning("ignoring the compacted head of %s: it is of another stream of that name", key)
+        head = None
+    if head is not None:  # the entries it consolidates are trimmed from the stream
+        latest = {(u, i): r for u, i, r in head.ratings}
+        retracted = dict.fromkeys(head.retracted)
+        forgotten = dict.fromkeys(head.forgotten)
+        rated_since = {u for u, _ in latest if u in forgotten}
+        last, count = head.last, len(head.ratings) + len(head.retracted) + len(head.forgotten)
+    while True:
+        page = read_page(client, key, last, PAGE, up_to or "+")
+        if head_last(client, key) != started:
+            return None  # a compaction wrote its head (and may have trimmed past this read): start again
+        if page.deleted_after(last) and not explained_by_purge(client, key, page):
+            log.error(
+                "entries of %s after %s were deleted (up to %s), not by compaction nor by forgetting a "
+                "user: they are lost",
+                key,
+                last,
+                page.max_deleted,
+            )
+        if not page.entries:
+            break
+        parsed = [parse_entry(i, f) for i, f in page.entries]
+        entries = [e for e in parsed if isinstance(e, Entry)]
+        refused = {p.id for p in off_levels(entries, levels)} if levels is not None else set()
+        skipped += len(parsed) - len(entries) + len(refused)
+        for entry in entries:
+            if entry.id in refused:
+                continue
+            if entry.item == FORGET and entry.rating is None:  # every earlier rating of the user is gone
+                gone = entry.user
+                latest = {p: v for p, v in latest.items() if p[0] != gone}
+                retracted = {p: None for p in retracted if p[0] != gone}
+                forgotten[gone] = None
+                rated_since.discard(gone)
+                continue
+            pair = (entry.user, entry.item)
+            latest.pop(pair, None)  # a re-rating moves to the end: the order of last ratings
+            if entry.rating is not None:
+                latest[pair] = entry.rating
+                retracted.pop(pair, None)
+                if entry.user in forgotten:
+                    rated_since.add(entry.user)
+            else:  # a retraction
+                retracted[pair] = None
+        last, count = page.entries[-1][0], count + len(page.entries)
     if skipped:
         log.warning("skipped %d stream entries that the service does not apply either (poison)", skipped)
     pairs = list(latest)
@@ -162,6 +208,7 @@ def read_online_ratings(
         retracted=tuple(retracted),
         forgotten=tuple(forgotten),
         skipped=skipped,
+        forgotten_now=tuple(u for u in forgotten if u not in rated_since),
     )
 
 
@@ -201,13 +248,20 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
     later = np.isin(rows, erased) & kept  # ratings the user gave after being forgotten stay
     forgotten_train = np.isin(train.rows, erased) & ~np.isin(train_keys, keys[later])
     replaced |= forgotten_train
-    erased_held = 0
+    erased_held = retracted_val = 0
     parts = {}
+    gone_keys = np.array(gone, dtype=np.int64)
     for name in ("val", "test"):
         part = getattr(data, name)
-        if part is not None and len(erased):
-            drop = np.isin(part.rows, erased)
-            erased_held += int(drop.sum())
+        if part is None:
+            continue
+        drop = np.isin(part.rows, erased)
+        erased_held += int(drop.sum())
+        if name == "val":  # validation ratings become known ones (and refit data): a retraction holds
+            taken = np.isin(part.rows * width + part.cols, gone_keys) & ~drop
+            retracted_val = int(taken.sum())
+            drop |= taken
+        if drop.any():
             parts[name] = Entries(part.rows[~drop], part.cols[~drop], part.values[~drop])
     merged = Entries(
         np.concatenate([train.rows[~replaced], rows[kept]]),
@@ -224,8 +278,10 @@ def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, 
         "ratings": int(kept.sum()),
         "replaced_training_ratings": int((replaced & ~taken_back).sum()),
         "retracted_training_ratings": int(taken_back.sum()),
+        "retracted_validation_ratings": retracted_val,
         "retractions": len(online.retracted),
-        "forgotten_users": len(online.forgotten),
+        "forgotten_users": list(online.forgotten_now),
+        "forgotten_requests": len(online.forgotten),
         "forgotten_ratings": int((forgotten_train & ~taken_back).sum()) + erased_held,
         "left_out_held_out": int((~kept).sum()),
         "new_users": len(user_ids) - len(data.user_ids),

@@ -58,8 +58,9 @@ def test_online_ratings_join_the_training_part_and_never_a_held_out_pair() -> No
     assert record["held_out_pairs"] == [["b", "x", 4.0], ["a", "z", 5.0]]  # kept for the service
     with pytest.raises(DataError, match="not one of the dataset's levels"):
         with_online(_split(), _online([("a", "y", 4.5)]))
-    # Retractions: the dataset's training rating of (a, x) and the online (b, fresh) are taken back; a
-    # held-out pair's dataset rating stays (what the model is scored on), and unknown ids change nothing.
+    # Retractions: the dataset's training rating of (a, x), its validation rating of (b, x) (validation
+    # ratings are known to the served model) and the online (b, fresh) are taken back; a test pair's
+    # rating stays (what the model is scored on, never served), and unknown ids change nothing.
     taken = replace(
         _online([("b", "fresh", 2.0)]), retracted=(("a", "x"), ("b", "fresh"), ("zz", "x"), ("b", "x"))
     )
@@ -69,7 +70,8 @@ def test_online_ratings_join_the_training_part_and_never_a_held_out_pair() -> No
         (data.user_ids[r], data.item_ids[c]) for r, c in zip(data.train.rows, data.train.cols, strict=True)
     }
     assert got == {("a", "y"), ("b", "y")} and record["retracted_training_ratings"] == 1
-    assert record["retractions"] == 4 and len(data.val) == 1 and record["replaced_training_ratings"] == 0
+    assert record["retractions"] == 4 and record["replaced_training_ratings"] == 0
+    assert len(data.val) == 0 and record["retracted_validation_ratings"] == 1 and len(data.test) == 1
     # Forgetting b: every rating of b goes, the held-out ones too; b's ratings after it stay.
     gone = replace(_online([("b", "z", 3.0)]), forgotten=("b",))
     data, record = with_online(_split(), gone)
@@ -77,7 +79,11 @@ def test_online_ratings_join_the_training_part_and_never_a_held_out_pair() -> No
         (data.user_ids[r], data.item_ids[c]) for r, c in zip(data.train.rows, data.train.cols, strict=True)
     }
     assert got == {("a", "x"), ("a", "y"), ("b", "z")} and len(data.val) == 0 and len(data.test) == 1
-    assert record["forgotten_users"] == 1 and record["forgotten_ratings"] == 2
+    assert record["forgotten_requests"] == 1 and record["forgotten_ratings"] == 2
+    assert record["forgotten_users"] == []  # b rated again after it: known again
+    # A user forgotten for good is recorded by id: the service keeps it unknown (model/online.py).
+    _, record = with_online(_split(), replace(_online([]), forgotten=("b",), forgotten_now=("b",)))
+    assert record["forgotten_users"] == ["b"]
 
 
 @pytest.fixture()
