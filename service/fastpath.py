@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from service.auth import require_read
 from service.metrics import ASGIApp, Message, Receive, Scope, Send
 from service.routes.predict import answer
 from service.routes.ratings import store
@@ -101,7 +102,7 @@ class FastPath:
         if scorer is not None and _json(scope):
             if scope["path"] == "/ratings":
                 answered = await self._ratings(scope, raw)
-            elif not scorer.blocking:  # a blocking mode's /predict goes the threadpool's way
+            elif not scorer.blocking and self._may_read(scope):  # else the route's way (threadpool, 401)
                 try:
                     ids = StringIds.model_validate_json(raw)
                     payload = answer(scorer, self.state.settings, ids.user, ids.items, ids.distribution)
@@ -116,6 +117,17 @@ class FastPath:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers + extra})
         await send({"type": "http.response.body", "body": payload})
+
+    def _may_read(self, scope: Scope) -> bool:
+        """Whether the request may read (DCMC_READ_TOKEN unset, or it carries it or the write token)."""
+        settings = self.state.settings
+        if settings.read_token is None:
+            return True
+        try:
+            require_read(settings, _header(scope, b"authorization"))
+        except HTTPException:
+            return False
+        return True
 
     async def _ratings(self, scope: Scope, raw: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
         """POST /ratings answered here: (status, body, more headers), or None for the route (a body that

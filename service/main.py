@@ -30,10 +30,17 @@ log = logging.getLogger(__name__)
 
 def _load(settings: Settings, metrics: Metrics, path: Path | None = None) -> ServedModel:
     """Verify and load the artifact (at `path`, default the served one, its link resolved once so that
-    every file comes from one directory), precompute, replay the online ratings and follow them (runs in
-    a thread)."""
+    every file comes from one directory), precompute, place it in the online ratings and follow them
+    (one try at catching up now; runs in a thread)."""
     artifact = load_artifact(path or os.path.realpath(settings.artifacts))  # ArtifactError stops start-up
     scorer = ServedModel(artifact, settings, metrics)
+    scorer.start()
+    return scorer
+
+
+def _rebuild(settings: Settings, metrics: Metrics, served: ServedModel) -> ServedModel:
+    """A fresh model of the artifact `served` serves (its files are not read again), started."""
+    scorer = ServedModel(served.artifact, settings, metrics)
     scorer.start()
     return scorer
 
@@ -64,7 +71,11 @@ def create_app(settings: Settings) -> FastAPI:
         tune_allocator()  # before the model's arrays are allocated
         app.state.scorer = await run_in_threadpool(_load, settings, metrics)
         reloader = Reloader(
-            app.state, settings.artifacts, settings.reload_poll_s, lambda path: _load(settings, metrics, path)
+            app.state,
+            settings.artifacts,
+            settings.reload_poll_s,
+            lambda path: _load(settings, metrics, path),
+            lambda served: _rebuild(settings, metrics, served),
         )
         app.state.reloader = reloader
         reloader.start()

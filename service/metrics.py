@@ -71,6 +71,19 @@ class Metrics:
             ["event"],
             registry=self.registry,
         )
+        self.stream_gaps = Counter(
+            "dcmc_stream_gaps",
+            "Times a compaction trimmed the rating stream past this worker's place (recovered: the compacted "
+            "head folded in) or entries were deleted that no head holds (lost).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.fold_in_failures = Counter(
+            "dcmc_fold_in_failures",
+            "Rounds of the stream follower that failed (Redis, an unreadable compacted head, a fold-in "
+            "failing for a reason that passes) and were tried again.",
+            registry=self.registry,
+        )
         self.redis_errors = Counter(
             "dcmc_redis_errors",
             "Redis calls that failed (reads went on with the model as it was).",

@@ -1,23 +1,30 @@
-"""The online ratings in Redis, the shared state of every worker and replica.
+"""The online ratings in Redis, the shared state of every worker and replica: `RatingLog`, the one place
+that speaks to the stream.
 
 Ratings that arrive after training are appended to one Redis stream, `<prefix>:ratings`, each entry
 `{user, item, rating}` with external ids (retractions and forgetting too: model/stream.py holds the
-format). The stream's order is the one global order: every worker of every replica catches up with it at
-start-up (from a fold-in snapshot, service/snapshot.py, or by a replay) and then tails it, folding each
-rating into its in-memory model (model/online.py). A write is acknowledged once Redis has executed the
-whole batch as one transaction; with `appendonly yes` and `appendfsync always` that means it is on disk and
-survives `kill -9` of Redis (`durability` reports whether the server is set up so).
+format). The stream's order is the one global order: every worker of every replica turns it into its model
+states (service/replication.py). A write is acknowledged once Redis has executed the whole batch as one
+transaction; with `appendonly yes` and `appendfsync always` that means it is on disk and survives `kill -9`
+of Redis (`durability` says whether the server is set up so, and `append` checks it before every write
+where the service requires it).
+
+Entries leave the stream two ways only: `dcmc compact` trims a prefix that its compacted head holds
+(training/compact.py; the head is written first), and forgetting a user deletes that user's earlier
+entries (`purge_user`; the purge mark `<stream>:purged` is raised first). A reader checks after each read
+whether a head ends past its place (`head_last`: it then folds the head in) and whether anything after its
+place was deleted (`max-deleted-entry-id`, Redis >= 7.0, returned with the entries atomically: a purge,
+or a loss by hand), so it never skips an entry unknowingly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -26,19 +33,23 @@ from redis.retry import Retry
 from model.stream import (
     Compacted,
     Entry,
+    Page,
     Poison,
     cluster_url,
     compacted_key,
     connect,
     entry_fields,
+    explained_by_purge,
+    head_last,
     identity_key,
+    mark_purged,
     parse_entry,
+    read_page,
     redact_url,
     stream_key,
     stream_order,
     text,
 )
-from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +59,45 @@ BULK_TIMEOUT_S = 30.0
 READ_CHUNK = 5000
 """Stream entries read per call (replay and tail)."""
 
-T = TypeVar("T")
-
 TAIL_BLOCK_MS = 200
 """How long one tail read waits for new entries before it is issued again."""
+
+DEAD_LETTER_MAX = 10_000
+"""The dead-letter stream keeps about this many entries (the oldest go first)."""
+
+PURGE_CHUNK = 1000
+"""Stream entries deleted per call when a user is forgotten."""
 
 
 @dataclass(frozen=True)
 class Durability:
-    """Whether the Redis server keeps acknowledged writes through `kill -9`, and why not."""
+    """Whether the Redis server keeps acknowledged writes through `kill -9` and a failover, and why not."""
 
     durable: bool
     detail: str
+
+
+class NotDurable(Exception):
+    """A write refused because DCMC_REQUIRE_DURABLE is set and Redis would not keep it through a crash."""
+
+
+class ReplicasBehind(redis.TimeoutError):
+    """A write stored on the primary that fewer replicas than DCMC_REDIS_WAIT_REPLICAS confirmed in time:
+    a failover now could lose it (`stored_unknown` says it may be stored)."""
+
+
+class HeadUnreadable(Exception):
+    """The stream's compacted head is there but cannot be read: the ratings it holds are nowhere else, so
+    a worker that needs it does not go on without it."""
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read of the stream (`RatingLog.read`): the entries after an id, parsed, and the `Page` they came
+    in (what was deleted and added at that instant)."""
+
+    entries: list[Entry | Poison]
+    page: Page
 
 
 def _client(url: str, timeout_s: float) -> redis.Redis:
@@ -82,96 +120,235 @@ class RatingLog:
         self.dead_key = f"{self.key}:dead-letter"
         self.client = _client(url, timeout_s)
         # Writes wait for an fsync: a socket timeout of their own (`write_timeout_s`).
-        self.write_client = _client(url, write_timeout_s or timeout_s)
+        self.write_timeout_s = write_timeout_s or timeout_s
+        self.write_client = _client(url, self.write_timeout_s)
         # Blocking tail reads wait TAIL_BLOCK_MS on the server: their socket waits longer than that.
         self.tail_client = _client(url, timeout_s + TAIL_BLOCK_MS / 1000)
-        self.bulk_client = _client(url, max(timeout_s, BULK_TIMEOUT_S))  # fold-in snapshots
+        self.bulk_client = _client(url, max(timeout_s, BULK_TIMEOUT_S))  # snapshots, heads, purges
+        self.verdict: Durability | None = None
+        """What the last write that required durability read of the server's settings."""
 
-    def durability(self) -> Durability:
-        """The server's persistence settings: durable only with an append-only file fsynced per write."""
+    # -- durability --------------------------------------------------------------------------------------
+    def _configs(self, names: Sequence[str], client: Any) -> dict[str, dict[str, str]]:
+        """The settings `names` of every primary of a cluster (the stream, its head and snapshots may live
+        on any of them), by node."""
+        raw = client.execute_command("CONFIG", "GET", *names, target_nodes="primaries")
+        if not isinstance(raw, dict) or names[0] in raw or names[0].encode() in raw:
+            raw = {"": raw}  # one primary answered for all
+        return self._as_configs(raw)
+
+    @staticmethod
+    def _as_configs(raw: dict[Any, Any]) -> dict[str, dict[str, str]]:
+        out = {}
+        for node, values in raw.items():
+            if isinstance(values, list):  # RESP2: a flat list of names and values
+                values = dict(zip(values[::2], values[1::2], strict=True))
+            out[text(node) if node else ""] = {text(k): text(v) for k, v in values.items()}
+        return out
+
+    def durability(self, wait_replicas: int = 0) -> Durability:
+        """The server's settings: durable only with an append-only file fsynced per write, an eviction
+        policy that never evicts the stream, and, where it has replicas, writes that wait for them
+        (`wait_replicas`). Raises redis.RedisError."""
+        return self._durable_now(self.client, wait_replicas)
+
+    def _durable_now(self, client: Any, wait_replicas: int) -> Durability:
+        """`durability`, read through `client` (a write reads it on its own connection)."""
+        names = ("appendonly", "appendfsync", "maxmemory-policy", "maxmemory")
         try:
-            if self.cluster:  # every primary: the stream's keys may live on any of them
-                nodes: Any = self.client.config_get("append*", target_nodes="primaries")
-            else:
-                nodes = {"": self.client.config_get("append*")}
-        except redis.ResponseError as exc:  # CONFIG disabled (managed Redis): cannot tell
+            if self.cluster:
+                nodes = self._configs(names, client)
+                replicas = self._replicas(client)
+            else:  # one round trip
+                pipe = client.pipeline(transaction=False)
+                pipe.execute_command("CONFIG", "GET", *names)
+                pipe.info("replication")
+                config, info = pipe.execute()
+                nodes = self._as_configs({"": config})
+                replicas = int(info.get("connected_slaves", 0))
+        except redis.ResponseError as exc:  # CONFIG or INFO disabled (managed Redis): cannot tell
             return Durability(False, f"cannot read the server's persistence settings: {exc}")
         for node, config in sorted(nodes.items()):
+            where = f" on {node}" if node else ""
             aof, fsync = config.get("appendonly"), config.get("appendfsync")
             if aof != "yes" or fsync != "always":
-                where = f" on {node}" if node else ""
                 return Durability(
                     False,
                     f"appendonly={aof}, appendfsync={fsync}{where}: acknowledged ratings can be lost when "
                     "Redis stops; run Redis with --appendonly yes --appendfsync always",
                 )
-        return Durability(True, "appendonly=yes, appendfsync=always")
+            policy = config.get("maxmemory-policy", "noeviction")
+            if policy.startswith("allkeys") and config.get("maxmemory", "0") != "0":
+                return Durability(
+                    False,
+                    f"maxmemory-policy={policy}{where}: Redis may evict the rating stream when it is full; "
+                    "use noeviction (or a volatile-* policy)",
+                )
+        if replicas and not wait_replicas:
+            return Durability(
+                False,
+                f"the primary has {replicas} replica(s) and writes do not wait for them: a failover can "
+                "lose acknowledged ratings; set DCMC_REDIS_WAIT_REPLICAS",
+            )
+        if wait_replicas > replicas:
+            return Durability(
+                False,
+                f"DCMC_REDIS_WAIT_REPLICAS={wait_replicas} but the primary has {replicas} replica(s) "
+                "connected: writes cannot be confirmed",
+            )
+        waits = f", writes wait for {wait_replicas} replica(s)" if wait_replicas else ""
+        return Durability(True, f"appendonly=yes, appendfsync=always{waits}")
 
-    def append(self, ratings: Sequence[tuple[str, str, float | None]]) -> str:
+    def _replicas(self, client: Any) -> int:
+        """How many replicas the primary holding the stream has connected."""
+        if self.cluster:
+            node = client.get_node_from_key(self.key)
+            info: Any = client.info("replication", target_nodes=node)
+            info = next(iter(info.values())) if "connected_slaves" not in info else info
+        else:
+            info = client.info("replication")
+        return int(info.get("connected_slaves", 0))
+
+    # -- writes ------------------------------------------------------------------------------------------
+    def append(
+        self,
+        ratings: Sequence[tuple[str, str, float | None]],
+        require_durable: bool = False,
+        wait_replicas: int = 0,
+    ) -> str:
         """Append (user, item, rating) triples as one transaction (rating None: a retraction); returns the
-        last entry's id. Raises
-        redis.RedisError when Redis fails: `stored_unknown(exc)` says whether the batch may have been stored
-        (all of it or nothing: a transaction)."""
+        last entry's id. With `require_durable`, the server's settings are read first (one round trip) and
+        NotDurable raised, nothing written, when they could lose the write; with `wait_replicas`, the
+        answer waits until that many replicas have the batch. Raises redis.RedisError when Redis fails:
+        `stored_unknown(exc)` says whether the batch may have been stored (all of it or nothing)."""
+        if require_durable:
+            self.verdict = self._durable_now(self.write_client, wait_replicas)
+            if not self.verdict.durable:
+                raise NotDurable(self.verdict.detail)
         if len(ratings) == 1:  # one command is atomic by itself: no MULTI/EXEC around it
             fields = entry_fields(*ratings[0])
-            return text(self.write_client.xadd(self.key, fields))  # type: ignore[arg-type]
-        pipe = self.write_client.pipeline(transaction=True)
-        for user, item, rating in ratings:
-            pipe.xadd(self.key, entry_fields(user, item, rating))  # type: ignore[arg-type]
-        ids = pipe.execute()
-        return text(ids[-1])
+            last = text(self.write_client.xadd(self.key, fields))  # type: ignore[arg-type]
+        else:
+            pipe = self.write_client.pipeline(transaction=True)
+            for user, item, rating in ratings:
+                pipe.xadd(self.key, entry_fields(user, item, rating))  # type: ignore[arg-type]
+            last = text(pipe.execute()[-1])
+        if wait_replicas:
+            timeout_ms = max(1, int(self.write_timeout_s * 800))  # the answer comes before the socket's
+            confirmed = int(self.write_client.wait(wait_replicas, timeout_ms))
+            if confirmed < wait_replicas:
+                raise ReplicasBehind(
+                    f"stored on the primary, confirmed by {confirmed} of {wait_replicas} replica(s)"
+                )
+        return last
 
     def dead_letter(self, poison: Poison) -> bool:
-        """Copy a poison entry to the dead-letter stream `<prefix>:ratings:dead-letter` under its own id,
-        with the reason; False when it is there already (another worker, or an earlier run, copied it:
-        stream ids only grow, so Redis refuses the same id twice). Raises redis.RedisError."""
+        """Copy a poison entry to the dead-letter stream `<prefix>:ratings:dead-letter` under its own id
+        (or, when a later entry is there already, under a new id with its own as `entry_id`), with the
+        reason; False when it is there already (another worker, or an earlier run, copied it). The stream
+        keeps about DEAD_LETTER_MAX entries. Raises redis.RedisError."""
         fields = {**{f"field:{k}": v for k, v in poison.fields.items()}, "reason": poison.reason}
         try:
-            self.client.xadd(self.dead_key, fields, id=poison.id)  # type: ignore[arg-type]
+            self.client.xadd(self.dead_key, fields, id=poison.id, maxlen=DEAD_LETTER_MAX, approximate=True)  # type: ignore[arg-type]
         except redis.ResponseError as exc:
-            if "equal or smaller" in str(exc):
+            if "equal or smaller" not in str(exc):
+                raise
+            if self.client.xrange(self.dead_key, poison.id, poison.id):
                 return False
-            raise
+            copy = {**fields, "entry_id": poison.id}
+            self.client.xadd(self.dead_key, copy, maxlen=DEAD_LETTER_MAX, approximate=True)  # type: ignore[arg-type]
         return True
 
-    def read(self, after: str, *, block_ms: int | None = None) -> list[Entry | Poison]:
-        """Entries after the id `after` ("0" = from the start), at most READ_CHUNK; `block_ms` waits for
-        new ones (the tail)."""
-        if block_ms is None:
-            start = f"({after}" if after != "0" else "-"
-            raw: Any = self.client.xrange(self.key, min=start, count=READ_CHUNK)
-            return [parse_entry(i, f) for i, f in raw]
-        reply: Any = self.tail_client.xread({self.key: after}, count=READ_CHUNK, block=block_ms)
-        return [parse_entry(i, f) for _, entries in reply or [] for i, f in entries]
+    def purge_user(self, user: str, before: str) -> tuple[int, int]:
+        """Delete every entry of `user` before the stream id `before` (the request to forget them) from the
+        stream, and their copies from the dead-letter stream: (entries deleted, copies deleted). The purge
+        mark is raised first (`model.stream.mark_purged`): readers behind the deletion tell it from a
+        trim and read on, skipping the purged entries as if never written, which folds in as the forget
+        would have. Raises redis.RedisError (what was deleted so far stays deleted; the rest goes at the
+        next compaction)."""
+        ids = [i for i, fields in self._scan(self.key, "-", f"({before}") if _field(fields, "user") == user]
+        deleted = 0
+        if ids:
+            mark_purged(self.bulk_client, self.key, ids[-1])
+        for start in range(0, len(ids), PURGE_CHUNK):
+            deleted += int(self.bulk_client.xdel(self.key, *ids[start : start + PURGE_CHUNK]))
+        copies = [
+            i
+            for i, fields in self._scan(self.dead_key, "-", "+")
+            if _field(fields, "field:user") == user
+            and stream_order(_field(fields, "entry_id") or i) < stream_order(before)
+        ]
+        removed = 0
+        for start in range(0, len(copies), PURGE_CHUNK):
+            removed += int(self.bulk_client.xdel(self.dead_key, *copies[start : start + PURGE_CHUNK]))
+        return deleted, removed
+
+    def _scan(self, key: str, low: str, high: str) -> list[tuple[str, dict[Any, Any]]]:
+        out = []
+        while True:
+            page: Any = self.bulk_client.xrange(key, low, high, count=READ_CHUNK)
+            out += [(text(i), f) for i, f in page]
+            if len(page) < READ_CHUNK:
+                return out
+            low = f"({out[-1][0]}"
+
+    # -- reads -------------------------------------------------------------------------------------------
+    def read(self, after: str) -> Read:
+        """Entries after the id `after` ("0" = from the start), at most READ_CHUNK, with what the stream had
+        deleted and added at the same instant (`model.stream.read_page`)."""
+        page = read_page(self.client, self.key, after, READ_CHUNK)
+        return Read([parse_entry(i, f) for i, f in page.entries], page)
+
+    def head_last(self) -> str | None:
+        """The end of the compacted head (`model.stream.head_last`: its first bytes alone), None where
+        there is none. Raises HeadUnreadable, redis.RedisError."""
+        try:
+            return head_last(self.client, self.key)
+        except ValueError as exc:
+            raise HeadUnreadable(f"the compacted head of {self.key} cannot be read: {exc}") from None
+
+    def purged(self, page: Page) -> bool:
+        """Whether what `page` says was deleted after a reader's place was a forgotten user's entries
+        (`model.stream.explained_by_purge`). Raises redis.RedisError."""
+        return explained_by_purge(self.client, self.key, page)
+
+    def wait_new(self, after: str, block_ms: int = TAIL_BLOCK_MS) -> bool:
+        """Whether an entry after `after` arrives within `block_ms` (a blocking XREAD: the tail's wake-up;
+        the entries themselves are then read with `read`)."""
+        reply: Any = self.tail_client.xread({self.key: after}, count=1, block=block_ms)
+        return bool(reply)
 
     def identity(self) -> str | None:
         """The stream's identity (`model.stream.identity_key`), set here first if it has none (SET NX: of
         several workers starting together, one sets it and all read the same); None where it has none and
         this client may not set it. Raises redis.RedisError."""
         key = identity_key(self.key)
-        # A read-only replica, or no write permission: read what is there.
-        with contextlib.suppress(redis.ResponseError):
-            self.client.set(key, uuid.uuid4().hex, nx=True)
         value: Any = self.client.get(key)
+        if value is None:
+            # A read-only replica, or no write permission: read what is there.
+            with contextlib.suppress(redis.ResponseError):
+                self.client.set(key, uuid.uuid4().hex, nx=True)
+            value = self.client.get(key)
         return text(value) if value is not None else None
 
     def compacted(self) -> Compacted | None:
-        """The stream's compacted head (`dcmc compact`), None where it has none or it cannot be read (then
-        logged: the ratings it holds are not in the stream any more). Raises redis.RedisError."""
+        """The stream's compacted head (`dcmc compact`), None where it has none. Raises HeadUnreadable when
+        it cannot be read (its ratings are nowhere else), redis.RedisError."""
         raw: Any = self.bulk_client.get(compacted_key(self.key))
         if raw is None:
             return None
         try:
             return Compacted.from_json(raw)
         except ValueError as exc:
-            log.error("the compacted head of %s cannot be read (%s): its ratings are left out", self.key, exc)
-            return None
+            raise HeadUnreadable(f"the compacted head of {self.key} cannot be read: {exc}") from None
 
     def last_generated(self) -> str:
         """The id of the newest entry the stream has ever had ("0-0" for none); raises redis.RedisError."""
         try:
             info: Any = self.client.xinfo_stream(self.key)
-        except redis.ResponseError:  # no such key: no entry was ever written
+        except redis.ResponseError as exc:  # no such key: no entry was ever written
+            if "no such key" not in str(exc).lower():
+                raise
             return "0-0"
         return text(info["last-generated-id"])
 
@@ -187,168 +364,23 @@ class RatingLog:
         self.bulk_client.close()
 
 
+def _field(fields: dict[Any, Any], name: str) -> str | None:
+    for key in (name, name.encode()):
+        if key in fields:
+            with contextlib.suppress(UnicodeDecodeError):
+                return text(fields[key])
+    return None
+
+
 def stored_unknown(exc: redis.RedisError) -> bool:
-    """Whether a failed `append` may have stored its batch: its transaction reached Redis and no answer
-    came back (a timeout, or the connection lost while waiting). Not when it could not connect, nor send."""
-    if isinstance(exc, redis.TimeoutError):
-        return True
+    """Whether a failed `append` may have stored its batch. Not when Redis refused the command (a reply
+    error: nothing ran), nor when it could not connect or send the whole of it (a transaction runs only
+    once its EXEC, sent last, arrives); otherwise it may have: a timeout, a connection lost while waiting
+    for the answer, a cluster that lost it, or a batch stored that fewer replicas confirmed than the
+    service waits for."""
+    if isinstance(exc, redis.ResponseError):
+        return False
     if isinstance(exc, redis.ConnectionError):
-        text = str(exc)
-        return not ("connecting to" in text or "writing to socket" in text)
-    return False
-
-
-class Follower:
-    """Applies the stream to this worker's model: `catch_up` reads everything new now; a daemon thread
-    tails the stream in between. Redis failures leave the model as it is and are retried."""
-
-    def __init__(
-        self,
-        ratings: RatingLog,
-        apply: Callable[[list[Entry]], None],
-        metrics: Metrics,
-        retry_s: float,
-        check: Callable[[list[Entry]], list[Poison]] = lambda entries: [],
-    ) -> None:
-        """`apply(entries)` folds entries in; `check(entries)` first says which of them the model cannot
-        take (e.g. a rating off its levels), as Poison."""
-        self.ratings, self.apply, self.metrics, self.retry_s = ratings, apply, metrics, retry_s
-        self.check = check
-        self.interval_s = 0.0
-        """After the first new entry, how long the tail waits for more before it folds them in together."""
-        self.on_recover: Callable[[], object] = lambda: None
-        """Called (by the tail thread) when Redis answers again after a failure."""
-        self.prepare: Callable[[], object] = lambda: None
-        """Called once before the first read of the stream, retried until it succeeds (raises RedisError):
-        where the artifact's place in this stream is decided."""
-        self.after_read: Callable[[], object] = lambda: None
-        """Called by the tail thread after each read of the stream, whether or not it brought entries (a
-        fold-in snapshot may be due: after the start-up replay, or after new entries)."""
-        self._prepared = False
-        self.last = "0"
-        self.healthy = True
-        self.skipped = 0
-        """Entries skipped as poison (`Poison`) by this worker."""
-        self.last_skipped: Poison | None = None
-        self._lock = threading.Lock()  # one reader applies at a time, in stream order
-        self._stop = threading.Event()
-        self._hurry = threading.Event()  # a read waits for an entry: fold in without the interval
-        self._thread: threading.Thread | None = None
-
-    def catch_up(self) -> int:
-        """Read and apply every entry after the last one applied; returns how many (raises RedisError)."""
-        total = 0
-        with self._lock:
-            self._prepare()
-            while entries := self.ratings.read(self.last):
-                total += self._apply(entries)
-        return total
-
-    def capture(self, read: Callable[[], T]) -> tuple[str, T]:
-        """(the last entry applied, read()) with nothing applied in between: what a snapshot covers."""
-        with self._lock:
-            return self.last, read()
-
-    def _prepare(self) -> None:
-        """`prepare`, once (the caller holds the lock)."""
-        if not self._prepared:
-            self.prepare()
-            self._prepared = True
-
-    def _apply(self, entries: list[Entry | Poison]) -> int:
-        """Apply entries that follow the last one applied (the caller holds the lock). Poison entries are
-        copied to the dead-letter stream, logged once (by whichever worker copies them first), counted and
-        skipped; a Redis failure while copying leaves `last` where it was (the batch is read again)."""
-        valid = [e for e in entries if isinstance(e, Entry)]
-        poison = [e for e in entries if isinstance(e, Poison)] + self.check(valid)
-        refused = {p.id for p in poison}
-        for bad in sorted(poison, key=lambda p: stream_order(p.id)):
-            self._skip(bad)
-        valid = [e for e in valid if e.id not in refused]
-        if valid:
-            try:
-                self.apply(valid)
-            except Exception:  # a bug, not the data: find the entries it fails on, skip only those
-                log.exception("folding in %d stream entries failed; applying them one at a time", len(valid))
-                for entry in valid:
-                    try:
-                        self.apply([entry])
-                    except Exception as exc:
-                        reason = f"fold-in failed: {type(exc).__name__}: {exc}"
-                        self._skip(Poison(entry.id, entry.fields(), reason))
-        self.last = entries[-1].id
-        self.metrics.ratings_applied.inc(len(entries) - len(poison))
-        return len(entries)
-
-    def _skip(self, bad: Poison) -> None:
-        """Copy a poison entry to the dead-letter stream (logged by whichever worker copies it first) and
-        count it as skipped."""
-        if self.ratings.dead_letter(bad):
-            log.error(
-                "stream entry %s of %s cannot be applied (%s): skipped, copied to %s",
-                bad.id,
-                self.ratings.key,
-                bad.reason,
-                self.ratings.dead_key,
-            )
-        self.skipped += 1
-        self.last_skipped = bad
-        self.metrics.entries_skipped.inc()
-
-    def start(self) -> None:
-        """Start the tail thread."""
-        self._thread = threading.Thread(target=self._tail, name="rating-stream", daemon=True)
-        self._thread.start()
-
-    def hurry(self) -> None:
-        """Fold in what has arrived now rather than at the end of the gathering interval (a read with
-        `after` waits for it)."""
-        self._hurry.set()
-
-    def stop(self) -> None:
-        """Stop the tail thread (it ends within one block interval)."""
-        self._stop.set()
-        self._hurry.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _tail(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if not self._prepared:
-                    with self._lock:
-                        self._prepare()
-                # Wait for new entries without the lock, so a request's catch_up never waits on the tail.
-                after = self.last
-                entries = self.ratings.read(after, block_ms=TAIL_BLOCK_MS)
-                if entries and self.interval_s > 0:
-                    # Whatever else arrives within the interval joins these: read again and fold them all
-                    # in at once (one new model state per interval), sooner when a read waits (`hurry`).
-                    self._hurry.wait(self.interval_s)
-                    self._hurry.clear()
-                    if self._stop.is_set():
-                        return
-                    self.catch_up()
-                elif entries:
-                    with self._lock:
-                        if self.last == after:  # else a catch_up applied them meanwhile
-                            self._apply(entries)
-                    self.catch_up()
-                self.after_read()
-                if not self.healthy:
-                    log.warning(
-                        "Redis at %s is back; following the rating stream again", self.ratings.shown_url
-                    )
-                    self.on_recover()
-                self.healthy = True
-            except redis.RedisError as exc:
-                self.metrics.redis_errors.inc()
-                if self.healthy:
-                    log.warning(
-                        "Redis at %s failed (%s); serving the model as it is", self.ratings.shown_url, exc
-                    )
-                self.healthy = False
-                self._stop.wait(self.retry_s)
-            except Exception:  # a bug must not stop the thread silently
-                log.exception("applying online ratings failed")
-                self._stop.wait(self.retry_s)
+        said = str(exc)
+        return not any(s in said for s in ("connecting to", "writing to socket", "refused the command"))
+    return True

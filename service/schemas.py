@@ -89,6 +89,16 @@ class Because(BaseModel):
     )
 
 
+class Others(BaseModel):
+    """Other users' known ratings of one item at one level among those that moved a prediction most, shown
+    without who gave them (the caller does not hold the write token)."""
+
+    item: str
+    rating: float
+    users: int = Field(description="How many other users' ratings of this item at this level are among them.")
+    effect: float = Field(description="Their effects summed.")
+
+
 class Explanation(BaseModel):
     """Why a prediction is what it is."""
 
@@ -97,8 +107,14 @@ class Explanation(BaseModel):
     )
     because: list[Because] | None = Field(
         default=None,
-        description="Up to DCMC_EXPLAIN_K known ratings whose terms reach the entry, largest |effect| "
-        "first (never the entry itself).",
+        description="Of the DCMC_EXPLAIN_K known ratings whose terms moved the entry most (never the entry "
+        "itself), largest |effect| first: the asking user's own, and other users' too where the caller "
+        "holds the write token.",
+    )
+    others: list[Others] | None = Field(
+        default=None,
+        description="The rest of those ratings, other users', grouped by item and rating without their ids "
+        "(only without the write token).",
     )
     reason: str | None = Field(
         default=None, description="Set instead of `because` when no known rating's term shaped the answer."
@@ -162,6 +178,19 @@ class SimilarItemsResponse(BaseModel):
     similar: list[SimilarItem]
 
 
+class Replication(BaseModel):
+    """This worker's stream follower (service/replication.py)."""
+
+    phase: Literal["starting", "catching_up", "following", "degraded"]
+    ready: bool
+    reason: str | None = Field(description="Why it is not following (the failure while degraded).")
+    applied_up_to: str = Field(description="The last stream entry its state includes.")
+    gaps: int = Field(description="Compactions that trimmed the stream past it (it folded the head in).")
+    lost_gaps: int = Field(description="Deletions past it that no compacted head held (entries lost).")
+    last_gap: str | None
+    rebuild: str | None = Field(description="Why its state is being rebuilt from the artifact, if it is.")
+
+
 class Health(BaseModel):
     """Liveness, and the state of the online ratings' Redis."""
 
@@ -170,10 +199,16 @@ class Health(BaseModel):
     redis: Literal["ok", "down", "disabled", "unknown"]
     durable: bool | None = Field(
         default=None,
-        description="Whether Redis keeps acknowledged ratings through a crash (append-only file, fsync "
-        "always); false means acknowledged ratings can be lost.",
+        description="Whether Redis keeps acknowledged ratings through a crash and a failover (append-only "
+        "file fsynced always, no eviction of the stream, writes that wait for the replicas it has); false "
+        "means acknowledged ratings can be lost (with DCMC_REQUIRE_DURABLE, writes are then refused).",
     )
+    durability: str | None = Field(default=None, description="Why `durable` says what it says.")
     writes: str | None = Field(default=None, description="`enabled`, or why POST /ratings is off.")
+    ready: bool | None = Field(default=None, description="What /ready answers (true: 200).")
+    replication: Replication | None = Field(
+        default=None, description="Where this worker's stream follower stands (null without Redis)."
+    )
     online_ratings: int | None = Field(default=None, description="Online ratings this worker has applied.")
     skipped_entries: int | None = Field(
         default=None,

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,17 +24,18 @@ from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
 from model.exact import RowParts, baseline_mixture, level_distribution
 from model.ids import UnknownIdError
-from model.online import FoldIn, OnlineState, SnapshotError
+from model.online import FoldIn, OnlineState
 from model.ratings import Ratings
 from model.scorers import check_inference
-from model.stream import Entry, Poison, off_levels, stream_order
+from model.stream import Entry, Poison, off_levels
 from model.types import Array
 from service.memory import release_memory
 from service.metrics import Metrics
-from service.online import Durability, Follower, RatingLog
+from service.online import Durability, NotDurable, RatingLog
+from service.replication import FoldInFailed, Replica, entries_of
 from service.rows import UserParts, UserRow, UserRows
 from service.settings import Settings, inference_overrides
-from service.snapshot import SnapshotStore, Untrusted, fingerprint
+from service.snapshot import SnapshotStore, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ PARTS_ANSWER_ENTRIES = 400
 """What an answer from row parts costs besides its items, in items' worth: on ML-100K in process, 100
 items 0.085 ms and the whole catalogue (1,682) 0.36 ms, so about 0.17 us an item and 0.068 ms (~390
 items) a call."""
+
+EXPLAIN_BYTES = 64 * 2**20
+"""Memory an explanation takes at most per call into the scorer: each explained item reads its similarities
+and co-rating line to every item (two float64 rows of the catalogue per averaged setting)."""
 
 BASELINE_REASON = (
     "baseline: a new item the network cannot embed yet, predicted by the bias baseline mu + b_user + c_item "
@@ -91,8 +97,26 @@ def nearest(
     return top, scores[top]
 
 
-class NotDurable(Exception):
-    """A write refused because DCMC_REQUIRE_DURABLE is set and Redis would not keep it through a crash."""
+class TooManyNewIds(Exception):
+    """A batch that would take the users or items the model did not have past their limits (nothing of
+    it stored): per kind, (kind, the new ids, how many there are so far, the limit, its variable)."""
+
+    def __init__(self, over: list[tuple[str, set[str], int, int, str]]) -> None:
+        super().__init__("; ".join(f"{len(new)} new {kind}" for kind, new, *_ in over))
+        self.over = over
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The new users and items a batch being written counts against the limits until it is folded in."""
+
+    users: frozenset[str]
+    items: frozenset[str]
+
+
+DURABILITY_REFRESH_S = 10.0
+"""How often the replica's thread reads Redis's persistence settings again for /health (writes that
+require durability read them themselves, every time)."""
 
 
 class ServedModel:
@@ -151,18 +175,16 @@ class ServedModel:
         )
         self.retry_s = settings.redis_retry_s
         self.settings = settings
-        # New ids of batches this worker wrote that its model has not folded in yet (counted against the
-        # new-id limits meanwhile).
+        # New ids of batches this worker is writing or wrote that its model has not folded in yet (counted
+        # against the new-id limits meanwhile: reserved before the write, `admit`).
         self._pending_users: set[str] = set()
         self._pending_items: set[str] = set()
         self._pending_lock = threading.Lock()
         self._durability_checked = 0.0
         self.ratings: RatingLog | None = None
-        self.follower: Follower | None = None
+        self.replica: Replica | None = None
         self.durability = Durability(False, "no Redis configured (REDIS_URL): online ratings are off")
-        self.replayed = settings.redis_url is None
         self._last_probe = 0.0
-        self.snapshots: SnapshotStore | None = None
         # What shapes the fold-in state besides the artifact and the ratings: a snapshot must match it.
         self.fingerprint = fingerprint(
             {
@@ -175,9 +197,6 @@ class ServedModel:
                 ),
             }
         )
-        self._identity: str | None = None
-        self._snapshot_checked = 0.0
-        self._snapshot_known = 0  # `applied` of the newest snapshot this worker knows is stored
         if settings.redis_url:
             self.ratings = RatingLog(
                 settings.redis_url,
@@ -185,153 +204,48 @@ class ServedModel:
                 settings.redis_timeout_s,
                 settings.redis_write_timeout_s,
             )
-            self.follower = Follower(
-                self.ratings, self._apply, metrics, settings.redis_retry_s, check=self._check
-            )
-            self.follower.interval_s = settings.fold_in_interval_s
-            self.follower.prepare = self._place_in_stream
-            self.follower.after_read = self._maybe_snapshot
-            self.snapshots = SnapshotStore(
+            snapshots = SnapshotStore(
                 self.ratings.client,
                 self.ratings.bulk_client,
                 self.ratings.key,
                 self.version,
                 self.fingerprint,
             )
+            self.replica = Replica(
+                self.ratings, self.fold, artifact, snapshots, settings, metrics, self._check, self._apply
+            )
+            self.replica.on_recover = self.refresh_durability
 
     # -- start-up and shutdown ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Replay the online ratings since the artifact, then follow the stream. When Redis is down the
-        replay is retried by the follower, and /ready answers 503 until it has succeeded."""
-        if self.ratings is None or self.follower is None:
+        """Place this model in the rating stream and catch up with it (one try now: `ready` says whether
+        it succeeded), then follow it; service/replication.py."""
+        if self.replica is None:
             return
-        self.follower.on_recover = self.refresh_durability
         try:
             self.refresh_durability()
-            count = self.follower.catch_up()
-            self.replayed = True
-            log.info("replayed %d online ratings", count)
         except redis.RedisError as exc:
-            log.error("cannot replay the online ratings yet (%s); not ready until Redis answers", exc)
-        self.follower.start()
+            log.warning("cannot read Redis's persistence settings yet (%s)", exc)
+        self.replica.start()
 
-    def _place_in_stream(self) -> None:
-        """Before the first read of the stream: start from the newest fold-in snapshot of this model in
-        Redis where there is one it can trust (service/snapshot.py); else replay only what the artifact
-        was not trained on (`dcmc train --online-ratings`), after folding in the ratings of held-out pairs
-        it kept; all of the stream when the artifact read another stream of this name (its recorded
-        identity differs)."""
-        assert self.ratings is not None and self.follower is not None
-        key, identity = self.ratings.key, self.ratings.identity()
-        self._identity = identity
-        start = self.artifact.online_snapshot(key, identity)
-        head = self.ratings.compacted()  # `dcmc compact`: the entries up to head.last are trimmed
-        if head is not None and head.identity != identity:
-            log.warning("ignoring the compacted head of %s: it is of another stream of that name", key)
-            head = None
-        trimmed = head is not None and stream_order(head.last) > stream_order(start)
-        if self._restore(head.last if head is not None and trimmed else start):
-            return
-        recorded = (self.artifact.meta.get("dataset") or {}).get("online_ratings") or {}
-        if recorded.get("stream") == key and recorded.get("stream_identity") not in (None, identity):
-            log.warning(
-                "the artifact was trained on another stream named %s (identity %s, this one is %s): "
-                "replaying all of this one",
-                key,
-                recorded.get("stream_identity"),
-                identity,
-            )
-        self.follower.last = self.artifact.online_snapshot(key, identity)
-        held = self.artifact.online_held_out(key, identity)
-        if held:
-            self.fold.apply(held)
-            log.info("folded in %d online ratings of held-out pairs that the artifact kept", len(held))
-        if head is not None and trimmed:  # the stream from the artifact's place on is partly trimmed
-            self.fold.apply(head.entries())
-            self.follower.last = head.last
-            log.info(
-                "folded in the compacted head of %s (%d ratings up to %s): the artifact is older",
-                key,
-                len(head.ratings),
-                head.last,
-            )
+    @property
+    def ready(self) -> bool:
+        """Whether this worker may take traffic (/ready): decided by its replica alone (without Redis:
+        once loaded)."""
+        return self.replica is None or self.replica.ready
 
-    def _restore(self, start: str) -> bool:
-        """Start from the stored fold-in snapshot if it can be trusted and covers at least the artifact's
-        place `start` in the stream; False (logged) when there is none or it is ignored."""
-        assert self.snapshots is not None and self.follower is not None
-        began = time.perf_counter()
-        try:
-            snapshot = self.snapshots.load(self._identity)
-            if snapshot is None:
-                return False
-            if stream_order(snapshot.last) < stream_order(start):
-                raise Untrusted(f"it ends at {snapshot.last}, before the artifact's place {start}")
-            applied = self.fold.restore(snapshot.data)
-        except (Untrusted, SnapshotError) as exc:
-            log.warning("ignoring the fold-in snapshot %s: %s", self.snapshots.key, exc)
-            self.metrics.snapshots.labels("ignored").inc()
-            return False
-        self.follower.last = snapshot.last
-        self._snapshot_known = applied
-        self.metrics.snapshots.labels("restored").inc()
-        log.info(
-            "started from the fold-in snapshot of %d online ratings (stream up to %s) in %.2fs",
-            applied,
-            snapshot.last,
-            time.perf_counter() - began,
-        )
-        return True
-
-    def _maybe_snapshot(self) -> None:
-        """Store a fold-in snapshot when one is due (the tail thread calls it after each read):
-        `snapshot_every` ratings past the stored one, or any past it and `snapshot_interval_s` since it
-        was written. At most one worker writes at a time (a lease); a Redis failure is logged and counted,
-        and the snapshot is tried again later."""
-        interval = self.settings.snapshot_interval_s
-        applied = self.fold.state.applied
-        now = time.monotonic()
-        if self.snapshots is None or self.follower is None or not interval or applied <= self._snapshot_known:
-            return
-        if now - self._snapshot_checked < min(1.0, interval):
-            return
-        self._snapshot_checked = now
-        try:
-            meta = self.snapshots.meta() or {}
-            if meta.get("stream_identity") != self._identity:  # of a stream since emptied: replaced
-                meta = {}
-            stored, written = int(meta.get("applied", -1)), float(meta.get("written_at", 0.0))
-            self._snapshot_known = max(stored, 0)
-            due = applied - stored >= self.settings.snapshot_every or (
-                applied > stored and time.time() - written >= interval
-            )
-            if not due or not self.snapshots.acquire(max(interval, 10.0)):
-                return
-            try:
-                began = time.perf_counter()
-                last, (count, data) = self.follower.capture(self.fold.snapshot)
-                self.snapshots.write(last, count, self._identity, data)
-                self._snapshot_known = count
-                self.metrics.snapshots.labels("written").inc()
-                log.info(
-                    "stored a fold-in snapshot of %d online ratings (%.1f MB, stream up to %s) in %.2fs",
-                    count,
-                    len(data) / 1e6,
-                    last,
-                    time.perf_counter() - began,
-                )
-            finally:
-                self.snapshots.release()
-        except redis.RedisError as exc:
-            self.metrics.redis_errors.inc()
-            log.warning("cannot store a fold-in snapshot now (%s); trying again later", exc)
+    @property
+    def needs_rebuild(self) -> str | None:
+        """Why this model's state can no longer follow the stream (the supervisor replaces it), or None."""
+        return self.replica.rebuild if self.replica is not None else None
 
     def refresh_durability(self) -> Durability:
-        """Read the server's persistence settings again (at start-up, when Redis comes back, and on a
-        write refused for want of them); a warning when they do not keep acknowledged writes."""
+        """Read the server's persistence settings again (at start-up, when Redis comes back, every
+        DURABILITY_REFRESH_S while it follows, and on a write refused for want of them); a warning when
+        they do not keep acknowledged writes. Raises redis.RedisError."""
         assert self.ratings is not None
         self._durability_checked = time.monotonic()
-        durability = self.ratings.durability()
+        durability = self.ratings.durability(self.settings.redis_wait_replicas)
         if not durability.durable and durability != self.durability:
             log.warning("Redis is not durable: %s", durability.detail)
         self.durability = durability
@@ -339,47 +253,75 @@ class ServedModel:
 
     def close(self) -> None:
         """Stop following the stream and release Redis connections."""
-        if self.follower is not None:
-            self.follower.stop()
+        if self.replica is not None:
+            self.replica.stop()
         if self.ratings is not None:
             self.ratings.close()
 
     def redis_state(self) -> str:
         """`disabled` (no REDIS_URL), `ok` or `down` (probed again when down, at most once per retry)."""
-        if self.ratings is None or self.follower is None:
+        if self.ratings is None or self.replica is None:
             return "disabled"
-        if not self.follower.healthy and time.monotonic() - self._last_probe >= self.retry_s:
+        if self.replica.redis_down and time.monotonic() - self._last_probe >= self.retry_s:
             self._last_probe = time.monotonic()
             try:
                 self.ratings.ping()
             except redis.RedisError:
                 return "down"
             return "ok"
-        return "ok" if self.follower.healthy else "down"
+        return "down" if self.replica.redis_down else "ok"
 
     # -- online ratings ----------------------------------------------------------------------------------
     def _embed_rows(self, rows: Array) -> Array:
-        with self._onnx_lock:
-            return self.onnx.embed_users(rows)
+        try:
+            with self._onnx_lock:
+                return self.onnx.embed_users(rows)
+        except MemoryError:
+            raise
+        except Exception as exc:  # ONNX Runtime's own errors: a resource, not the ratings
+            raise FoldInFailed(f"ONNX Runtime: {type(exc).__name__}: {exc}") from exc
 
     def _embed_cols(self, cols: Array) -> Array:
-        with self._onnx_lock:
-            return self.onnx.embed_items(cols)
+        try:
+            with self._onnx_lock:
+                return self.onnx.embed_items(cols)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise FoldInFailed(f"ONNX Runtime: {type(exc).__name__}: {exc}") from exc
 
-    def new_ids(self, users: Sequence[str], items: Sequence[str]) -> tuple[set[str], set[str], int, int]:
-        """The users and items of a batch that would be new, and how many new users and items there are
-        already: folded in, or written by this worker and not folded in yet."""
+    def admit(self, users: Sequence[str], items: Sequence[str]) -> Reservation:
+        """Reserve a batch's users and items that would be new against DCMC_MAX_NEW_USERS and
+        DCMC_MAX_NEW_ITEMS, counting those folded in and those of batches this worker is writing or wrote
+        and has not folded in yet; raises TooManyNewIds (nothing reserved) past either. `release` gives a
+        reservation back when its batch was not stored."""
         with self._pending_lock:
             known_users, known_items = self.fold.unseen(list(self._pending_users), list(self._pending_items))
             self._pending_users &= known_users  # the rest is folded in now
             self._pending_items &= known_items
             unseen_users, unseen_items = self.fold.unseen(users, items)
-            return (
-                unseen_users - self._pending_users,
-                unseen_items - self._pending_items,
-                self.fold.new_users + len(self._pending_users),
-                self.fold.new_items + len(self._pending_items),
-            )
+            unseen_users -= self._pending_users
+            unseen_items -= self._pending_items
+            over = []
+            for kind, unseen, so_far, limit, variable in (
+                ("users", unseen_users, self.fold.new_users + len(self._pending_users),
+                 self.settings.max_new_users, "DCMC_MAX_NEW_USERS"),
+                ("items", unseen_items, self.fold.new_items + len(self._pending_items),
+                 self.settings.max_new_items, "DCMC_MAX_NEW_ITEMS"),
+            ):  # fmt: skip
+                if unseen and so_far + len(unseen) > limit:
+                    over.append((kind, unseen, so_far, limit, variable))
+            if over:
+                raise TooManyNewIds(over)
+            self._pending_users |= unseen_users
+            self._pending_items |= unseen_items
+            return Reservation(frozenset(unseen_users), frozenset(unseen_items))
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back the new ids a batch reserved that was not stored."""
+        with self._pending_lock:
+            self._pending_users -= reservation.users
+            self._pending_items -= reservation.items
 
     def pending_user(self, user: str) -> bool:
         """Whether this worker wrote a rating of `user` that its model has not folded in yet."""
@@ -391,33 +333,35 @@ class ServedModel:
         return off_levels(entries, self.levels)
 
     def _apply(self, entries: list[Entry]) -> None:
-        """Fold stream entries into the model (the follower calls it, in stream order)."""
+        """Fold stream entries into the model (the replica calls it, in stream order), wholly or not at
+        all; also reads Redis's persistence settings again every DURABILITY_REFRESH_S."""
         # No engine lock: requests go on with the state they took while the next one is built.
-        self.fold.apply([(e.user, e.item, e.rating) for e in entries])
+        self.fold.apply(entries_of(entries))
         release_memory()
-        if not self.replayed and self.follower is not None and self.follower.healthy:
-            self.replayed = True
+        if time.monotonic() - self._durability_checked >= DURABILITY_REFRESH_S:
+            self.refresh_durability()
 
     def write(self, ratings: Sequence[tuple[str, str, float | None]]) -> str:
         """Store a batch of (user, item, rating) durably in Redis (one transaction); returns the stream id
-        of its last rating. Every worker's follower then folds it in (service/consistency.py). Raises
-        redis.RedisError (service.online.stored_unknown says whether it may have been stored), NotDurable,
-        or RuntimeError when online ratings are off."""
-        if self.ratings is None or self.follower is None:
+        of its last rating. Every worker's replica then folds it in (service/consistency.py). With
+        DCMC_REQUIRE_DURABLE, Redis's persistence settings are read before every write (NotDurable:
+        nothing stored); with DCMC_REDIS_WAIT_REPLICAS the answer waits for that many replicas. Raises
+        redis.RedisError (service.online.stored_unknown says whether it may have been stored),
+        NotDurable, or RuntimeError when online ratings are off."""
+        if self.ratings is None or self.replica is None:
             raise RuntimeError("online ratings need Redis: set REDIS_URL")
-        if self.settings.require_durable and not self.durability.durable:
-            if time.monotonic() - self._durability_checked >= 1.0:  # perhaps fixed since: read again
-                self.refresh_durability()
-            if not self.durability.durable:
-                raise NotDurable(self.durability.detail)
-        last = self.ratings.append(ratings)
+        try:
+            last = self.ratings.append(
+                ratings, self.settings.require_durable, self.settings.redis_wait_replicas
+            )
+        except NotDurable as exc:
+            self.durability = Durability(False, str(exc))
+            self._durability_checked = time.monotonic()
+            raise
+        if self.ratings.verdict is not None:
+            self.durability = self.ratings.verdict
         self.metrics.ratings_written.inc(len(ratings))
-        rated = [(u, i) for u, i, r in ratings if r is not None]  # retractions add no user or item
-        users, items = self.fold.unseen([u for u, _ in rated], [i for _, i in rated])
-        with self._pending_lock:
-            self._pending_users |= users
-            self._pending_items |= items
-        return last  # the follower folds it in behind the answer (reads wait for it with `after`)
+        return last  # the replica folds it in behind the answer (reads wait for it with `after`)
 
     # -- queries -----------------------------------------------------------------------------------------
     def user_index(self, user: str, state: OnlineState | None = None) -> int:
@@ -473,6 +417,18 @@ class ServedModel:
         known = state.known
         online = np.fromiter(self.fold.online_items(user, state), dtype=np.int64)
         return np.union1d(known.cols[known.by_row.of(user)], online)
+
+    def user_ratings(self, user: int, state: OnlineState | None = None) -> list[tuple[str, float, bool]]:
+        """The user's ratings in `state` (default: now) as (item id, rating, given online), by item index:
+        the known ones (the artifact's and the online ones of items with an embedding) and the online ones
+        of items without one yet."""
+        state = state or self.fold.state
+        known = state.known
+        positions = known.by_row.of(user) if user < known.n_users else np.empty(0, dtype=np.int64)
+        held = dict(zip(known.cols[positions].tolist(), known.values[positions].tolist(), strict=True))
+        online = state.online.get(user, {})
+        held.update(online)
+        return [(self.item_id(j), float(v), j in online) for j, v in sorted(held.items())]
 
     def _cached_row(self, state: OnlineState, user: int, exact: bool) -> UserRow | None:
         """The user's cached row that answers in `state` (`UserRows.get`), counted."""
@@ -619,33 +575,53 @@ class ServedModel:
         return ratings, dist, fallback
 
     def explain(
-        self, user: int, items: np.ndarray, k: int, state: OnlineState | None = None
+        self,
+        user: int,
+        items: np.ndarray,
+        k: int,
+        state: OnlineState | None = None,
+        reveal: bool = False,
     ) -> list[dict[str, Any]]:
         """Each prediction's explanation (model/exact/explain.py) in `state` (default: now): the network's
-        expected rating and the `k` known ratings that moved the prediction most, as
-        {"user", "item", "rating", "effect"}; for an item without an embedding yet (answered by the bias
-        baseline) a `reason` instead. Raises model.exact.explain.CannotExplain when the mode cannot
-        explain."""
+        expected rating and the `k` known ratings that moved the prediction most. The user's own ratings
+        are listed in `because` as {"user", "item", "rating", "effect"}; other users' are listed so only
+        with `reveal` (the caller holds the write token), else grouped by item and rating in `others` as
+        {"item", "rating", "users", "effect"} (the count and the summed effect: no user id). For an item
+        without an embedding yet (answered by the bias baseline) a `reason` instead. Items are explained
+        EXPLAIN_BYTES' worth at a time, the engine lock released in between. Raises
+        model.exact.explain.CannotExplain when the mode cannot explain."""
         state = state or self.fold.state
         fallback = ~state.embedded[items]
         out: list[dict[str, Any]] = [{"reason": BASELINE_REASON} for _ in items]
         embedded = np.flatnonzero(~fallback)
         known = state.known
-        with self._engine_lock:
-            found = state.scorer.explain(user, items[embedded], k)
+        chunk = max(1, EXPLAIN_BYTES // (16 * max(known.n_items, 1) * len(self.inferences)))
+        found = []
+        for start in range(0, max(len(embedded), 1), chunk):
+            with self._engine_lock:
+                found += state.scorer.explain(user, items[embedded[start : start + chunk]], k)
         for q, e in zip(embedded.tolist(), found, strict=True):
-            out[q] = {
-                "network": e.network,
-                "because": [
-                    {
-                        "user": self.user_id(int(known.rows[pos])),
-                        "item": self.item_id(int(known.cols[pos])),
-                        "rating": float(known.values[pos]),
-                        "effect": float(effect),
-                    }
-                    for pos, effect in zip(e.known.tolist(), e.effects.tolist(), strict=True)
-                ],
-            }
+            because: list[dict[str, Any]] = []
+            others: dict[tuple[str, float], dict[str, Any]] = {}
+            for pos, effect in zip(e.known.tolist(), e.effects.tolist(), strict=True):
+                rater, item, rating = (
+                    int(known.rows[pos]),
+                    self.item_id(int(known.cols[pos])),
+                    float(known.values[pos]),
+                )
+                if rater == user or reveal:
+                    because.append(
+                        {"user": self.user_id(rater), "item": item, "rating": rating, "effect": effect}
+                    )
+                    continue
+                group = others.setdefault(
+                    (item, rating), {"item": item, "rating": rating, "users": 0, "effect": 0.0}
+                )
+                group["users"] += 1
+                group["effect"] += effect
+            out[q] = {"network": e.network, "because": because}
+            if others:
+                out[q]["others"] = sorted(others.values(), key=lambda g: -abs(g["effect"]))
         return out
 
     def similar_users(self, user: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -46,9 +46,16 @@ class Settings(BaseSettings):
     fsynced, which a slow or busy disk can take tens of milliseconds or more to do; past this the outcome
     is unknown, and the 503 says that the batch may have been stored (retrying is safe)."""
     require_durable: bool = False
-    """Refuse writes (503, saying why) while Redis does not keep them through a crash (`appendonly yes`
-    and `appendfsync always`); checked at start-up, when Redis comes back, and on a refused write (at most
-    once a second). docker-compose.yml sets it."""
+    """Refuse writes (503, saying why; nothing stored) while Redis would not keep them through a crash or
+    a failover: an append-only file fsynced on every write (`appendonly yes`, `appendfsync always`), no
+    `allkeys-*` eviction policy, and writes that wait for the replicas the primary has
+    (DCMC_REDIS_WAIT_REPLICAS). Read from the server before every write (one round trip).
+    docker-compose.yml sets it."""
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    """A write is acknowledged only once this many replicas of the Redis primary have it (`WAIT`); fewer
+    within DCMC_REDIS_WRITE_TIMEOUT_S is a 503 saying the batch may be stored. With replicas and 0, an
+    acknowledged write can be lost on failover, and `/health` says the server is not durable (writes are
+    refused where DCMC_REQUIRE_DURABLE is set)."""
     max_new_users: int = Field(default=10_000, ge=0)
     """How many users the artifact does not know POST /ratings may create (each one grows every worker's
     tables); a batch that would pass it gets 422 and nothing of it is stored. Mind the memory where the
@@ -96,7 +103,12 @@ class Settings(BaseSettings):
     """Bearer token that POST /ratings requires (`Authorization: Bearer <token>`); unset or empty = writes
     off. Never logged."""
 
-    @field_validator("write_token", mode="before")
+    read_token: SecretStr | None = None
+    """Bearer token every read route requires where it is set (`Authorization: Bearer <token>`; the write
+    token is accepted too): /predict, /recommend, /similar-users, /similar-items. Unset or empty: reads are
+    open. /health, /ready and /metrics stay open (service/auth.py). Never logged."""
+
+    @field_validator("write_token", "read_token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: object) -> object:
         return None if value == "" else value
@@ -115,6 +127,9 @@ class Settings(BaseSettings):
     """Largest `ratings` batch accepted by POST /ratings."""
     explain_k: PositiveInt = 5
     """Known ratings an explanation lists per prediction (`"explain": true`), largest effect first."""
+    max_explain_items: PositiveInt = 100
+    """Largest number of items one request may ask to explain (POST /predict with `explain`; a larger one
+    is a 422): an explanation reads every item's similarities per asked item."""
     max_items: PositiveInt = 1000
     """Largest `items` list accepted by POST /predict."""
     max_k: PositiveInt = 100

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Header, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
+from service.auth import holds_write_token, require_read
 from service.consistency import After, wait_applied
 from service.deps import scorer_of
 from service.errors import invalid, too_long, unknown_ids
@@ -24,34 +27,49 @@ router = APIRouter(tags=["predictions"])
     response_model=PredictResponse,
     response_model_exclude_none=True,
     responses={
+        401: {"description": "DCMC_READ_TOKEN is set and the request does not carry it"},
         404: {"description": "Unknown user or item ids (all listed)"},
-        422: {"description": "Empty, oversized or mistyped request; `explain` in a mode that cannot explain"},
+        422: {
+            "description": "Empty, oversized or mistyped request; `explain` in a mode that cannot explain, "
+            "or of more than DCMC_MAX_EXPLAIN_ITEMS items"
+        },
         503: {"description": "The model is loading, or `after` was not applied in time (see Retry-After)"},
     },
 )
-async def predict(body: PredictRequest, request: Request, after: After = None) -> Response:
+async def predict(
+    body: PredictRequest,
+    request: Request,
+    after: After = None,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Response:
     """Predict the ratings of `items` by `user`, in request order.
 
     A pair the user already rated in the training data is predicted like any other query (the known
-    rating is not echoed back).
+    rating is not echoed back). With `explain`, at most DCMC_MAX_EXPLAIN_ITEMS items; other users'
+    ratings in an explanation are named only for a caller with the write token (service/auth.py).
     """
     scorer, settings = scorer_of(request), request.app.state.settings
+    require_read(settings, authorization)
+    if body.explain and len(body.items) > settings.max_explain_items:
+        raise too_long(
+            "items", len(body.items), settings.max_explain_items, "DCMC_MAX_EXPLAIN_ITEMS", "ids to explain"
+        )
+    reveal = body.explain and holds_write_token(settings, authorization)
     await wait_applied(scorer, after, settings.read_after_timeout_s)
-    if scorer.blocking:  # tens of ms of numpy: keep the event loop free
-        payload = await run_in_threadpool(
-            answer,
-            scorer,
-            settings,
-            body.user,
-            body.items,
-            body.distribution,
-            body.explain,
-            after is not None,
-        )
+    args = (
+        scorer,
+        settings,
+        body.user,
+        body.items,
+        body.distribution,
+        body.explain,
+        after is not None,
+        reveal,
+    )
+    if scorer.blocking or body.explain:  # tens of ms of numpy: keep the event loop free
+        payload = await run_in_threadpool(answer, *args)
     else:  # `none` and `exact` cost well under a millisecond: a thread hop would cost more
-        payload = answer(
-            scorer, settings, body.user, body.items, body.distribution, body.explain, after is not None
-        )
+        payload = answer(*args)
     return Response(payload, media_type="application/json")
 
 
@@ -63,6 +81,7 @@ def answer(
     distribution: bool,
     explain: bool = False,
     exact: bool = False,
+    reveal: bool = False,
 ) -> bytes:
     """The JSON of POST /predict's 200 for a parsed body (`PredictRequest`'s fields); HTTPException for an
     oversized request (422) or unknown ids (404, all listed). The route and its fast path
@@ -98,7 +117,7 @@ def answer(
         predictions[k]["fallback"] = "baseline"
     if explain:
         try:
-            explanations = scorer.explain(user_idx, items_idx, settings.explain_k, state)
+            explanations = scorer.explain(user_idx, items_idx, settings.explain_k, state, reveal)
         except CannotExplain as exc:
             raise invalid(["body", "explain"], "cannot_explain", str(exc)) from None
         for prediction, explanation in zip(predictions, explanations, strict=True):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
 from collections.abc import Sequence
@@ -16,11 +15,13 @@ from starlette.concurrency import run_in_threadpool
 
 from model.ids import UnknownIdError
 from model.stream import FORGET
+from service.auth import require_write
+from service.consistency import After, until_applied, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import too_long, unknown_ids
-from service.online import stored_unknown
+from service.online import NotDurable, stored_unknown
 from service.schemas import MAX_ID_LENGTH, ExternalId
-from service.scoring import NotDurable, ServedModel
+from service.scoring import Reservation, ServedModel, TooManyNewIds
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,19 +71,7 @@ class RatingsResponse(BaseModel):
 
 def _authorize(settings: Settings, authorization: str | None) -> None:
     """403 while writes are off, 401 without the write token (every route that writes)."""
-    token = settings.write_token.get_secret_value() if settings.write_token is not None else None
-    if token is None:
-        raise HTTPException(
-            status_code=403,
-            detail="writes are off: set DCMC_WRITE_TOKEN on the service to turn POST /ratings on",
-        )
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise HTTPException(
-            status_code=401,
-            detail="POST /ratings needs the header `Authorization: Bearer <DCMC_WRITE_TOKEN>`",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    require_write(settings, authorization, "POST /ratings")
 
 
 @router.post(
@@ -138,54 +127,68 @@ async def store(
     ]
     if off:
         raise HTTPException(status_code=422, detail=off)
-    _check_new_ids(scorer, settings, ratings)
+    reservation = _admit(scorer, ratings)
     batch = [(r.user, r.item, _snap(r.rating, levels)) for r in ratings]
-    last = await _write(scorer, batch)
+    last = await _write(scorer, batch, reservation)
     return RatingsResponse(accepted=len(batch), last_id=last, model_version=scorer.version)
 
 
-async def _write(scorer: ServedModel, batch: Sequence[tuple[str, str, float | None]]) -> str:
+async def _write(
+    scorer: ServedModel,
+    batch: Sequence[tuple[str, str, float | None]],
+    reservation: Reservation | None = None,
+) -> str:
     """`ServedModel.write` off the event loop; its failures as HTTPExceptions that say whether anything may
-    have been stored."""
+    have been stored (a batch not stored gives its reserved new ids back)."""
     retry = {"Retry-After": str(max(1, math.ceil(scorer.retry_s)))}
     try:
         last = await run_in_threadpool(scorer.write, batch)
-    except redis.RedisError as exc:
+    except (redis.RedisError, NotDurable, RuntimeError) as exc:
+        if reservation is not None and not (isinstance(exc, redis.RedisError) and stored_unknown(exc)):
+            scorer.release(reservation)
+        raise _write_failed(scorer, exc, retry) from None
+    return last
+
+
+def _write_failed(scorer: ServedModel, exc: Exception, retry: dict[str, str]) -> HTTPException:
+    """The 503 of a write that failed, saying whether anything may have been stored."""
+    if isinstance(exc, redis.RedisError):
         if stored_unknown(exc):
             log.warning("a write: no answer from Redis (%s); the batch may have been stored", exc)
-            raise HTTPException(
+            return HTTPException(
                 status_code=503,
-                detail="Redis did not answer in time: this batch may or may not have been stored. Retrying "
-                "it is safe (a rating of the same user and item replaces the earlier one)",
+                detail="Redis did not answer in time, or did not confirm the write (" + _short(exc) + "): "
+                "this batch may or may not have been stored. Retrying it is safe (a rating of the same user "
+                "and item replaces the earlier one)",
                 headers=retry,
-            ) from None
+            )
         log.warning("a write: Redis failed (%s); nothing stored", exc)
-        raise HTTPException(
+        return HTTPException(
             status_code=503,
             detail="Redis is unavailable; nothing of this batch was stored, retry later",
             headers=retry,
-        ) from None
-    except NotDurable as exc:
-        raise HTTPException(
+        )
+    if isinstance(exc, NotDurable):
+        return HTTPException(
             status_code=503,
             detail=f"writes are refused while Redis is not durable (DCMC_REQUIRE_DURABLE): {exc}; nothing "
             "of this batch was stored",
             headers=retry,
-        ) from None
-    except RuntimeError as exc:
-        raise HTTPException(status_code=503, detail=str(exc)) from None
-    return last
+        )
+    return HTTPException(status_code=503, detail=f"{exc}; nothing of this batch was stored")
 
 
-def _check_new_ids(scorer: ServedModel, settings: Settings, ratings: Sequence[Rating]) -> None:
-    """422 when the batch would take the users or items the model did not have past their limits."""
-    users, items, new_users, new_items = scorer.new_ids([r.user for r in ratings], [r.item for r in ratings])
-    errors = []
-    for kind, unseen, so_far, limit, variable in (
-        ("users", users, new_users, settings.max_new_users, "DCMC_MAX_NEW_USERS"),
-        ("items", items, new_items, settings.max_new_items, "DCMC_MAX_NEW_ITEMS"),
-    ):
-        if unseen and so_far + len(unseen) > limit:
+def _short(exc: Exception) -> str:
+    return type(exc).__name__
+
+
+def _admit(scorer: ServedModel, ratings: Sequence[Rating]) -> Reservation:
+    """Reserve the batch's new users and items (`ServedModel.admit`); 422 past their limits."""
+    try:
+        return scorer.admit([r.user for r in ratings], [r.item for r in ratings])
+    except TooManyNewIds as exc:
+        errors = []
+        for kind, unseen, so_far, limit, variable in exc.over:
             shown = ", ".join(map(repr, sorted(unseen)[:20])) + (" ..." if len(unseen) > 20 else "")
             errors.append(
                 {
@@ -195,8 +198,7 @@ def _check_new_ids(scorer: ServedModel, settings: Settings, ratings: Sequence[Ra
                     f"({variable}; {so_far} so far): nothing of this batch was stored",
                 }
             )
-    if errors:
-        raise HTTPException(status_code=422, detail=errors)
+        raise HTTPException(status_code=422, detail=errors) from None
 
 
 def _snap(rating: float, levels: np.ndarray) -> float:
@@ -232,6 +234,31 @@ def _removal_errors(unknown: str) -> dict[int | str, dict[str, Any]]:
     }
 
 
+async def _caught_up_unknown(scorer: ServedModel, settings: Settings, unknown: Any) -> list[UnknownIdError]:
+    """The ids `unknown()` lists once this worker has applied the whole stream as it is now: an id another
+    worker wrote a moment ago is known then. 503 when it cannot catch up in DCMC_READ_AFTER_TIMEOUT_S, or
+    Redis cannot say how far the stream goes."""
+    missing: list[UnknownIdError] = unknown()
+    if not missing or scorer.ratings is None:
+        return missing
+    retry = {"Retry-After": str(max(1, math.ceil(scorer.retry_s)))}
+    try:
+        newest = await run_in_threadpool(scorer.ratings.last_generated)
+    except redis.RedisError:
+        raise HTTPException(
+            status_code=503, detail="Redis is unavailable; nothing stored, retry later", headers=retry
+        ) from None
+    if newest != "0-0" and not await until_applied(scorer, newest, settings.read_after_timeout_s):
+        raise HTTPException(
+            status_code=503,
+            detail="this worker has not caught up with the rating stream yet, so it cannot tell whether "
+            "these ids are known; nothing stored, retry",
+            headers=retry,
+        )
+    missing = unknown()
+    return missing
+
+
 @router.delete("/ratings", response_model=RetractionResponse, responses=_removal_errors("A user or item id"))
 async def delete_rating(
     user: Annotated[str, Query(min_length=1, max_length=MAX_ID_LENGTH, description="External user id")],
@@ -244,20 +271,24 @@ async def delete_rating(
     trained with. Stored durably in the rating stream like a rating (a retraction entry); every worker then
     folds it in: the user's embedding, the CRF's known field and tables follow as if the rating had never
     been given, until the next training, which leaves it out too. Idempotent: taking back a rating that is
-    not there changes nothing. A later POST /ratings of the pair rates it again."""
+    not there changes nothing. A later POST /ratings of the pair rates it again. Ids this worker does not
+    know yet are looked up again once it has caught up with the stream (another worker may have just
+    written them); still unknown: 404."""
     _authorize(settings, authorization)
-    users, items, _, _ = scorer.new_ids([user], [item])
-    if users or items:
-        unknown = [
-            UnknownIdError(kind, sorted(ids)) for kind, ids in (("user", users), ("item", items)) if ids
-        ]
-        raise unknown_ids(*unknown)
+
+    def unknown() -> list[UnknownIdError]:
+        users, items = scorer.fold.unseen([user], [item])
+        return [UnknownIdError(kind, sorted(ids)) for kind, ids in (("user", users), ("item", items)) if ids]
+
+    missing = await _caught_up_unknown(scorer, settings, unknown)
+    if missing:
+        raise unknown_ids(*missing)
     last = await _write(scorer, [(user, item, None)])
     return RetractionResponse(retracted=1, last_id=last, model_version=scorer.version)
 
 
 class ForgetResponse(BaseModel):
-    """What was stored."""
+    """What was stored, and what was deleted."""
 
     forgotten: str = Field(description="The user id forgotten.")
     last_id: str = Field(
@@ -265,9 +296,16 @@ class ForgetResponse(BaseModel):
         "user's ratings any more."
     )
     model_version: str
+    purged_entries: int | None = Field(
+        description="The user's earlier entries deleted from the rating stream now (null: Redis failed "
+        "after the request was stored; the next compaction removes them)."
+    )
+    purged_dead_letters: int | None = Field(
+        description="Copies of the user's entries deleted from the dead-letter stream (null: as above)."
+    )
 
 
-@router.delete("/users/{user}", response_model=ForgetResponse, responses=_removal_errors("A user id"))
+@router.delete("/users/{user:path}", response_model=ForgetResponse, responses=_removal_errors("A user id"))
 async def forget_user(
     user: Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="External user id")],
     scorer: ScorerDep,
@@ -277,11 +315,82 @@ async def forget_user(
     """Forget a user (a privacy request): every rating of theirs, online or the ones the model was trained
     with, is taken back in the served model, and the user is unknown to queries (/predict and
     /similar-users answer 404, /recommend the popular items, as for any user it does not know) and never
-    listed as someone's similar user. Stored durably in the rating stream;
-    the next `dcmc train --online-ratings` drops every rating of the user, the dataset's included. A later
-    POST /ratings by the same id starts a new history."""
+    listed as someone's similar user. Stored durably in the rating stream; the user's earlier entries are
+    then deleted from the stream and the dead-letter stream, and the next `dcmc train --online-ratings`
+    drops every rating of the user, the dataset's included, and records the user as forgotten, so that
+    no later model knows them. A later POST /ratings by the same id starts a new history. Ids with `/`
+    are taken as they are (`/users/a/b` forgets `a/b`)."""
     _authorize(settings, authorization)
-    if scorer.fold.user_index(user) is None and not scorer.pending_user(user):
-        raise unknown_ids(UnknownIdError("user", [user]))
+
+    def unknown() -> list[UnknownIdError]:
+        known = scorer.fold.user_index(user) is not None or scorer.pending_user(user)
+        return [] if known else [UnknownIdError("user", [user])]
+
+    missing = await _caught_up_unknown(scorer, settings, unknown)
+    if missing:
+        raise unknown_ids(*missing)
+    assert scorer.ratings is not None
     last = await _write(scorer, [(user, FORGET, None)])
-    return ForgetResponse(forgotten=user, last_id=last, model_version=scorer.version)
+    entries: int | None
+    copies: int | None
+    try:
+        entries, copies = await run_in_threadpool(scorer.ratings.purge_user, user, last)
+    except redis.RedisError as exc:
+        log.warning("forgetting a user: stored, but their entries could not be deleted now (%s)", exc)
+        entries = copies = None
+    return ForgetResponse(
+        forgotten=user,
+        last_id=last,
+        model_version=scorer.version,
+        purged_entries=entries,
+        purged_dead_letters=copies,
+    )
+
+
+class UserRating(BaseModel):
+    """One rating a user has given, as the served model knows it."""
+
+    item: str
+    rating: float
+    online: bool = Field(description="Given online (else the artifact's: training or validation ratings).")
+
+
+class UserRatingsResponse(BaseModel):
+    """A user's ratings in this worker's current model state."""
+
+    user: str
+    model_version: str
+    ratings: list[UserRating]
+
+
+@router.get(
+    "/users/{user:path}/ratings",
+    response_model=UserRatingsResponse,
+    responses={
+        401: {"description": "Missing or wrong bearer token (the write token)"},
+        403: {"description": "Writes are off (no DCMC_WRITE_TOKEN): nobody may read a person's ratings"},
+        404: {"description": "A user the model does not know (or forgot)"},
+    },
+)
+async def user_ratings(
+    user: Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="External user id")],
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    after: After = None,
+    authorization: Annotated[str | None, Header()] = None,
+) -> UserRatingsResponse:
+    """Every rating the user has given that this worker's model holds: the artifact's (less those taken
+    back or re-rated) and the online ones, by item. A person's ratings: it needs the write token."""
+    require_write(settings, authorization, "GET /users/{id}/ratings")
+    await wait_applied(scorer, after, settings.read_after_timeout_s)
+    state = scorer.state
+    try:
+        index = scorer.user_index(user, state)
+    except UnknownIdError as exc:
+        raise unknown_ids(exc) from None
+    held = scorer.user_ratings(index, state)
+    return UserRatingsResponse(
+        user=user,
+        model_version=scorer.version,
+        ratings=[UserRating(item=item, rating=r, online=online) for item, r, online in held],
+    )

@@ -6,13 +6,14 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
 from model.online import OnlineState
+from service.auth import holds_write_token, require_read
 from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import check_k, invalid, unknown_ids
@@ -70,10 +71,11 @@ def _ids(request: Request, name: str) -> list[str] | None:
 
 
 @router.get(
-    "/recommend/{user_id}",
+    "/recommend/{user_id:path}",
     response_model=RecommendResponse,
     response_model_exclude_none=True,
     responses={
+        401: {"description": "DCMC_READ_TOKEN is set and the request does not carry it"},
         404: {"description": "Unknown item ids in `items` or `exclude` (all listed in `unknown_items`)"},
         422: {"description": "k out of range, an empty or repeated `items`"},
         503: {"description": "The model is loading, or `after` was not applied in time (see Retry-After)"},
@@ -100,6 +102,7 @@ async def recommend_items(
             "how much (`exact` inference only; 422 otherwise)"
         ),
     ] = False,
+    authorization: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The k items with the highest predicted rating that the user has not rated, best first (ties by
     item index); fewer when fewer candidates remain.
@@ -109,6 +112,7 @@ async def recommend_items(
     A user the service does not know, or one with no ratings, gets the items with the best shrunk mean
     rating instead (same exclusions), marked `"fallback": "popular"`.
     """
+    require_read(settings, authorization)
     check_k(k, settings)
     await wait_applied(scorer, after, settings.read_after_timeout_s)
     allow_ids, exclude_ids = _ids(request, "items"), _ids(request, "exclude")
@@ -140,17 +144,17 @@ async def recommend_items(
     recommendations: list[dict[str, object]] = [
         {"item": scorer.item_id(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
     ]
-    if explain:
-        for rec, why in zip(
-            recommendations, _explanations(scorer, state, user_id, best, fallback), strict=True
-        ):
+    if explain:  # off the event loop: tens of milliseconds
+        reveal = holds_write_token(settings, authorization)
+        whys = await run_in_threadpool(_explanations, scorer, state, user_id, best, fallback, reveal)
+        for rec, why in zip(recommendations, whys, strict=True):
             rec["explanation"] = why
     payload["recommendations"] = recommendations
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
 def _explanations(
-    scorer: ServedModel, state: OnlineState, user_id: str, best: np.ndarray, fallback: bool
+    scorer: ServedModel, state: OnlineState, user_id: str, best: np.ndarray, fallback: bool, reveal: bool
 ) -> list[dict[str, Any]]:
     """`ServedModel.explain` of the recommended items (422 where the mode cannot explain), or, for the
     popular list, a reason each."""
@@ -158,6 +162,7 @@ def _explanations(
         if fallback:
             state.scorer.explain(0, np.empty(0, dtype=np.int64), 1)  # a mode that cannot explain says so
             return [{"reason": POPULAR_REASON} for _ in best]
-        return scorer.explain(scorer.user_index(user_id, state), best, scorer.settings.explain_k, state)
+        user = scorer.user_index(user_id, state)
+        return scorer.explain(user, best, scorer.settings.explain_k, state, reveal)
     except CannotExplain as exc:
         raise invalid(["query", "explain"], "cannot_explain", str(exc)) from None

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Header, Path, Query
 
 from model.ids import UnknownIdError
+from service.auth import require_read
 from service.deps import ScorerDep, SettingsDep
 from service.errors import check_k, unknown_ids
 from service.schemas import (
@@ -24,18 +25,24 @@ K = Annotated[int, Query(description="How many to return (1..DCMC_MAX_K)")]
 
 
 @router.get(
-    "/similar-users/{user_id}",
+    "/similar-users/{user_id:path}",
     tags=["users"],
     response_model=SimilarUsersResponse,
-    responses={404: {"description": "Unknown user id"}, 422: {"description": "k out of range"}},
+    responses={
+        401: {"description": "DCMC_READ_TOKEN is set and the request does not carry it"},
+        404: {"description": "Unknown user id"},
+        422: {"description": "k out of range"},
+    },
 )
 def similar_users(
     user_id: Annotated[str, Path(max_length=MAX_ID_LENGTH, description="External user id")],
     scorer: ScorerDep,
     settings: SettingsDep,
     k: K = 10,
+    authorization: Annotated[str | None, Header()] = None,
 ) -> SimilarUsersResponse:
     """The k other users with the highest scaled cosine s_r of their embeddings, most similar first."""
+    require_read(settings, authorization)
     check_k(k, settings)
     try:
         index = scorer.user_index(user_id)  # the artifact's users and those that arrived online
@@ -53,18 +60,24 @@ def similar_users(
 
 
 @router.get(
-    "/similar-items/{item_id}",
+    "/similar-items/{item_id:path}",
     tags=["items"],
     response_model=SimilarItemsResponse,
-    responses={404: {"description": "Unknown item id"}, 422: {"description": "k out of range"}},
+    responses={
+        401: {"description": "DCMC_READ_TOKEN is set and the request does not carry it"},
+        404: {"description": "Unknown item id"},
+        422: {"description": "k out of range"},
+    },
 )
 def similar_items(
     item_id: Annotated[str, Path(max_length=MAX_ID_LENGTH, description="External item id")],
     scorer: ScorerDep,
     settings: SettingsDep,
     k: K = 10,
+    authorization: Annotated[str | None, Header()] = None,
 ) -> SimilarItemsResponse:
     """The k other items with the highest scaled cosine s_c of their embeddings, most similar first."""
+    require_read(settings, authorization)
     check_k(k, settings)
     try:
         index = int(scorer.item_indices([item_id])[0])  # the artifact's items and those that arrived online

@@ -82,7 +82,19 @@ def test_ops_routes(over: str, app: App, service: Service, redis_client: redis.R
         # as the shared Redis is set up (test_online.py checks both ways on servers of its own)
         "durable": (redis_client.config_get("appendonly"), redis_client.config_get("appendfsync"))
         == ({"appendonly": "yes"}, {"appendfsync": "always"}),
+        "durability": health["durability"],
         "writes": "off: no DCMC_WRITE_TOKEN",
+        "ready": True,
+        "replication": {
+            "phase": "following",
+            "ready": True,
+            "reason": None,
+            "applied_up_to": health["replication"]["applied_up_to"],
+            "gaps": 0,
+            "lost_gaps": 0,
+            "last_gap": None,
+            "rebuild": None,
+        },
         "online_ratings": 0,
         "skipped_entries": 0,
         "last_skipped_entry": None,

@@ -1,5 +1,6 @@
 """Explanations over HTTP: POST /predict and GET /recommend with `explain`, their fallbacks, the modes that
-cannot explain, and an online rating that shows up in its user's explanations."""
+cannot explain, and an online rating that shows up in its user's explanations. These read as the write
+token's holder (every rating named); what others see: test_privacy.py."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _app(artifact: Path, inference: dict[str, Any] = EXACT, **settings: Any) -> 
 
 
 def _predict(api: App, body: dict[str, Any], after: str | None = None) -> Any:
-    r = api.client.post("/predict", json=body, params={"after": after} if after else None)
+    r = api.client.post("/predict", json=body, params={"after": after} if after else None, headers=AUTH)
     assert r.status_code == 200, r.text
     return r.json()["predictions"]
 
@@ -64,7 +65,7 @@ def test_a_recommendation_is_explained_and_the_popular_list_says_why(
     tiny_artifact: Path, redis_client: redis.Redis
 ) -> None:
     with _app(tiny_artifact) as api:
-        r = api.client.get("/recommend/u4", params={"k": 3, "explain": "true"})
+        r = api.client.get("/recommend/u4", params={"k": 3, "explain": "true"}, headers=AUTH)
         assert r.status_code == 200, r.text
         recs = r.json()["recommendations"]
         assert len(recs) == 3 and all(len(rec["explanation"]["because"]) == 5 for rec in recs)

@@ -254,7 +254,7 @@ def test_a_well_formed_rating_batch_is_stored_without_the_route(writing_app: App
     answer = orjson.loads(sent[1]["body"])
     assert answer["accepted"] == 1 and answer["model_version"] == state.scorer.version
     stream = state.scorer.ratings
-    assert [(e.id, e.user, e.item, e.rating) for e in stream.read("0")] == [
+    assert [(e.id, e.user, e.item, e.rating) for e in stream.read("0").entries] == [
         (answer["last_id"], "u2", "i3", 4.0)
     ]
     # integer ids and anything not strictly typed: the route's, with the body intact

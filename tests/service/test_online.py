@@ -21,7 +21,7 @@ ITEMS = [f"i{j}" for j in range(0, 50, 5)]
 
 
 def _app(tiny_artifact: Path, server: RedisServer, **settings: object) -> App:
-    return App(tiny_artifact, redis_url=server.url, write_token=TOKEN, redis_retry_s=0.2, **settings)
+    return App(tiny_artifact, redis_url=server.url, write_token=TOKEN, **{"redis_retry_s": 0.2, **settings})
 
 
 def _ratings(user: str, pairs: list[tuple[str, float]]) -> dict[str, object]:
@@ -267,8 +267,8 @@ def test_a_read_with_after_waits_for_its_write_and_says_when_it_cannot(
         assert r.status_code == 422 and r.json()["detail"][0]["type"] == "no_such_rating"
         r = api.client.get("/recommend/u9", params={"after": "not-an-id"})
         assert r.status_code == 422
-        # A rating this worker has not applied yet: the follower stopped, the read waits its bound, then 503.
-        api.client.app.state.scorer.follower.stop()  # type: ignore[attr-defined]
+        # A rating this worker has not applied yet: the replica stopped, the read waits its bound, then 503.
+        api.client.app.state.scorer.replica.stop()  # type: ignore[attr-defined]
         pending = _write(api.client, _ratings("u9", [("i7", 5)]))
         started = time.monotonic()
         r = api.client.post("/predict", json={"user": "u9", "items": ["i1"]}, params={"after": pending})
@@ -285,10 +285,10 @@ def test_ratings_arriving_within_the_interval_are_folded_in_together(
     tiny_artifact: Path, durable_redis: RedisServer
 ) -> None:
     with _app(tiny_artifact, durable_redis, fold_in_interval_s=0.5) as api:
-        follower = api.client.app.state.scorer.follower  # type: ignore[attr-defined]
+        replica = api.client.app.state.scorer.replica  # type: ignore[attr-defined]
         batches: list[int] = []
-        apply = follower.apply
-        follower.apply = lambda entries: (batches.append(len(entries)), apply(entries))[1]
+        apply = replica.apply
+        replica.apply = lambda entries: (batches.append(len(entries)), apply(entries))[1]
         for n in range(5):  # five writes well inside one interval
             last = _write(api.client, _ratings(f"gather{n}", [("i1", 4)]))
         body = api.client.post("/predict", json={"user": "gather4", "items": ["i1"]}, params={"after": last})
@@ -399,7 +399,7 @@ def test_a_worker_starts_from_the_fold_in_snapshot_and_replays_only_what_follows
         answers = {user: _predict(api.client, user, after=last) for user in users}
         assert api.metric("dcmc_fold_in_snapshots_total", event="written") == 1
     with (
-        caplog.at_level(logging.INFO, logger="service.scoring"),
+        caplog.at_level(logging.INFO, logger="service.replication"),
         _app(tiny_artifact, durable_redis) as restarted,
     ):
         assert restarted.metric("dcmc_fold_in_snapshots_total", event="restored") == 1
@@ -472,11 +472,12 @@ def test_after_compaction_a_worker_of_an_older_artifact_folds_in_the_compacted_h
         assert r.status_code == 200, r.text
         r = api.client.delete("/users/leaver", headers=AUTH)
         assert r.status_code == 200, r.text
+        assert r.json()["purged_entries"] == 1  # leaver's rating left the stream with the forget
         up_to = r.json()["last_id"]
         last = _write(api.client, _ratings("latecomer", [("i4", 4)]))  # after the compacted head
         answers = {user: _predict(api.client, user, after=last) for user in users}
     record = compact_stream(durable_redis.url, "dcmc", up_to, levels=[1.0, 2.0, 3.0, 4.0, 5.0])
-    assert record["trimmed"] == 8  # the 8 entries up to the forget; the latecomer's stays
+    assert record["trimmed"] == 7  # the 7 entries left up to the forget; the latecomer's stays
     # The artifact read none of the stream, and the snapshot ends before the head: it is not used.
     with _app(tiny_artifact, durable_redis, snapshot_interval_s=0, **exact) as fresh:
         assert fresh.metric("dcmc_fold_in_snapshots_total", event="ignored") == 1

@@ -243,3 +243,64 @@ def test_a_write_redis_does_not_answer_in_time_is_a_503_that_says_it_may_be_stor
             assert body["online_ratings"] == 1  # the same pair twice: one rating
     finally:
         proxy.close()
+
+
+def test_a_redis_made_lax_after_start_up_refuses_the_next_write(
+    tiny_artifact: Path, durable_redis: RedisServer
+) -> None:
+    """Issue 56, defect 5: once Redis was seen durable, `CONFIG SET appendonly no` went unnoticed by writes;
+    the next write was acknowledged and /health said durable. Every write now reads the settings first."""
+    server = redis.Redis.from_url(durable_redis.url)
+    with _app(tiny_artifact, durable_redis, require_durable=True) as api:
+        _write(api.client, _ratings("u1", [("i1", 4)]))
+        server.config_set("appendonly", "no")
+        r = api.client.post("/ratings", json=_ratings("u1", [("i2", 4)]), headers=AUTH)
+        assert r.status_code == 503 and "appendonly=no" in r.json()["detail"], r.text
+        assert "nothing of this batch was stored" in r.json()["detail"]
+        assert server.xlen("dcmc:ratings") == 1
+        assert api.client.get("/health").json()["durable"] is False
+        server.config_set("appendonly", "yes")
+        # An eviction policy that may drop the stream when memory is full is not durable either.
+        server.config_set("maxmemory", "512mb")
+        server.config_set("maxmemory-policy", "allkeys-lru")
+        r = api.client.post("/ratings", json=_ratings("u1", [("i2", 4)]), headers=AUTH)
+        assert r.status_code == 503 and "maxmemory-policy=allkeys-lru" in r.json()["detail"], r.text
+        server.config_set("maxmemory-policy", "volatile-lru")
+        _write(api.client, _ratings("u1", [("i2", 4)]))
+        assert api.client.get("/health").json()["durable"] is True
+
+
+def test_a_write_waits_for_the_replicas_it_needs(tiny_artifact: Path, tmp_path: Path) -> None:
+    """Issue 56, defect 5: an acknowledged write not yet on the replica is lost on failover; with replicas
+    a write is durable only once DCMC_REDIS_WAIT_REPLICAS of them confirm it (WAIT)."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "r").mkdir()
+    primary = RedisServer(directory=tmp_path / "p").start()
+    follows = ("--replicaof", "127.0.0.1", str(primary.port), "--enable-debug-command", "yes")
+    replica = RedisServer(directory=tmp_path / "r", extra=follows).start()
+    try:
+        info = redis.Redis.from_url(primary.url)
+        deadline = time.monotonic() + 10
+        while info.info("replication").get("slave0", {}).get("state") != "online":
+            assert time.monotonic() < deadline, "the replica did not connect"
+            time.sleep(0.05)
+        with _app(tiny_artifact, primary, require_durable=True) as api:  # writes do not wait: refused
+            r = api.client.post("/ratings", json=_ratings("u1", [("i1", 4)]), headers=AUTH)
+            assert r.status_code == 503 and "DCMC_REDIS_WAIT_REPLICAS" in r.json()["detail"], r.text
+        settings = {"require_durable": True, "redis_wait_replicas": 1, "redis_write_timeout_s": 2.0}
+        with _app(tiny_artifact, primary, **settings) as api:
+            _write(api.client, _ratings("u1", [("i1", 4)]))
+            assert redis.Redis.from_url(replica.url).xlen("dcmc:ratings") == 1  # there once acknowledged
+            # A replica that does not confirm in time (busy for 4 s): stored on the primary, not confirmed.
+            busy = threading.Thread(
+                target=lambda: redis.Redis.from_url(replica.url).execute_command("DEBUG", "SLEEP", "4")
+            )
+            busy.start()
+            time.sleep(0.2)
+            r = api.client.post("/ratings", json=_ratings("u2", [("i1", 4)]), headers=AUTH)
+            busy.join()
+            assert r.status_code == 503 and "may or may not have been stored" in r.json()["detail"], r.text
+            assert info.xlen("dcmc:ratings") == 2
+    finally:
+        replica.kill()
+        primary.kill()

@@ -218,7 +218,15 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
     spec = exact_api.client.get("/openapi.json").json()
     op = spec["paths"]["/recommend/{user_id}"]["get"]
     assert op["tags"] == ["recommendations"]
-    assert {p["name"] for p in op["parameters"]} == {"user_id", "k", "items", "exclude", "after", "explain"}
+    assert {p["name"] for p in op["parameters"]} == {
+        "user_id",
+        "k",
+        "items",
+        "exclude",
+        "after",
+        "explain",
+        "authorization",
+    }
     assert "comma-separated" in op["description"]
     schema = spec["components"]["schemas"]["RecommendResponse"]
     assert set(schema["properties"]) == {"user", "model_version", "inference", "fallback", "recommendations"}

@@ -141,7 +141,7 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
         after = _predict(api, "u3", after=r.json()["last_id"])
         assert np.abs(after - third).max() > 1e-6
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # not answered from the old row
-        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]  # its stream reader
+        plain.client.app.state.scorer.replica.catch_up()  # type: ignore[attr-defined]  # its stream reader
         np.testing.assert_allclose(after, _predict(plain, "u3"), rtol=0, atol=1e-9)
         for _ in range(misses - 1):
             _predict(api, "u3")
@@ -166,7 +166,7 @@ def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_rati
         last = r.json()["last_id"]
         newest = _predict(api, "u3", after=last)  # `after`: of the newest state, never an earlier row
         assert np.abs(newest - before).max() > 1e-6
-        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]
+        plain.client.app.state.scorer.replica.catch_up()  # type: ignore[attr-defined]
         np.testing.assert_allclose(newest, _predict(plain, "u3"), rtol=0, atol=1e-9)
         # Without `after`: the row of the state before u9's rating, exactly that state's answer.
         np.testing.assert_allclose(_predict(api, "u3"), before, rtol=0, atol=0)
@@ -177,7 +177,7 @@ def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_rati
         )
         own = _predict(api, "u3", after=r.json()["last_id"])
         assert api.metric("dcmc_user_rows_total", event="stale_hit") == 1
-        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]
+        plain.client.app.state.scorer.replica.catch_up()  # type: ignore[attr-defined]
         np.testing.assert_allclose(own, _predict(plain, "u3"), rtol=0, atol=1e-9)
         np.testing.assert_allclose(_predict(api, "u3"), own, rtol=0, atol=1e-9)  # not the old row
         assert api.metric("dcmc_user_rows_total", event="stale_hit") == 1
@@ -189,7 +189,7 @@ def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_rati
         )
         _predict(api, "u3", after=r.json()["last_id"])
         time.sleep(1.6)
-        plain.client.app.state.scorer.follower.catch_up()  # type: ignore[attr-defined]
+        plain.client.app.state.scorer.replica.catch_up()  # type: ignore[attr-defined]
         np.testing.assert_allclose(_predict(api, "u3"), _predict(plain, "u3"), rtol=0, atol=1e-9)
 
 

@@ -287,3 +287,38 @@ def test_compaction_keeps_what_a_retrain_reads(redis_server: RedisServer) -> Non
     client.set("c:ratings:identity", "other")  # the stream begun again: the head is not its own
     assert read()[0] == ["u1"]
     client.close()
+
+
+def test_a_forgotten_user_and_a_retracted_validation_rating_stay_gone_after_the_retrain(
+    synthetic_csv: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Issue 56, defect 6: the artifact recorded no forgotten set, the fold-in started with none, and the
+    forget entry lay before the new artifact's place, so after the reload the user answered again. And
+    defect 8: on a csv split a retracted validation rating came back through the retrain."""
+    first = tmp_path / "first"
+    run_training("csv", synthetic_csv, first, split="random", preset_name="tiny", epochs=1, progress=False)
+    art = load_artifact(first)
+    held = art.held_out  # the split is seeded: the retrain holds the same pairs out
+    val_user, val_item = art.users.external(int(held.rows[0])), art.items.external(int(held.cols[0]))
+    leaver = next(
+        art.users.external(int(u)) for u in art.train.rows if art.users.external(int(u)) != val_user
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with App(first, redis_url=redis_server.url, write_token=TOKEN) as api:
+        assert api.client.delete(f"/users/{leaver}", headers=auth).status_code == 200
+        r = api.client.delete("/ratings", params={"user": val_user, "item": val_item}, headers=auth)
+        assert r.status_code == 200, r.text
+    out = tmp_path / "retrained"
+    run_training("csv", synthetic_csv, out, split="random", preset_name="tiny", epochs=1, progress=False,
+                 online_ratings=redis_server.url)  # fmt: skip
+    record = json.loads((out / "config.json").read_text())["dataset"]["online_ratings"]
+    assert record["forgotten_users"] == [leaver] and record["retracted_validation_ratings"] == 1
+    with App(out, redis_url=redis_server.url, write_token=TOKEN) as api:
+        assert api.client.post("/predict", json={"user": leaver, "items": ["i1"]}).status_code == 404
+        assert leaver not in {
+            s["user"] for s in api.client.get(f"/similar-users/{val_user}?k=100").json()["similar"]
+        }
+        held = {
+            x["item"] for x in api.client.get(f"/users/{val_user}/ratings", headers=auth).json()["ratings"]
+        }
+        assert val_item not in held
