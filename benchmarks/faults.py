@@ -11,7 +11,7 @@ ratings, retractions and forgets to the workers that say they are ready (as a lo
 schedule runs its steps, drawn from the seed:
 
     compact       `dcmc compact` of the published artifact
-    compact2      two compactions at once (threads), of the newest run and, up to 30 ms later, the one before
+    compact2      two compactions at once (threads), of the newest run and, up to 100 ms later, the one before
     retrain       `dcmc train --online-ratings ... --publish` (the workers reload it), then often compact
     retrain2      two retrains back to back, then both runs compacted at once (compact2's way): two
                   retrainers, one slower than the other
@@ -598,12 +598,15 @@ def expected(ops: list[Op]) -> Expected:
 
 
 # -- the schedule ----------------------------------------------------------------------------------------
-def draw_schedule(seed: int, flavour: str, steps: int) -> tuple[str, list[dict[str, Any]], bool]:
-    """The flavour, steps and whether one worker is pinned, drawn from `seed` alone."""
+def draw_schedule(
+    seed: int, flavour: str, steps: int, kinds: set[str] | None = None
+) -> tuple[str, list[dict[str, Any]], bool]:
+    """The flavour, steps (of `kinds` alone where given) and whether one worker is pinned, drawn from
+    `seed` alone."""
     rng = random.Random(seed)
     if flavour == "mixed":
         flavour = "cluster" if rng.random() < 0.2 else "single"
-    weights = STEPS[flavour]
+    weights = {k: w for k, w in STEPS[flavour].items() if kinds is None or k in kinds}
     kinds = rng.choices(list(weights), weights=list(weights.values()), k=steps)
     out = []
     for kind in kinds:
@@ -615,7 +618,7 @@ def draw_schedule(seed: int, flavour: str, steps: int) -> tuple[str, list[dict[s
         if kind == "retrain":
             step["compact"] = rng.random() < 0.7
         if kind in ("compact2", "retrain2"):
-            step["stagger"] = round(rng.uniform(0.0, 0.03), 4)
+            step["stagger"] = round(rng.uniform(0.0, 0.1), 4)
         if kind in ("redis-kill", "primary-down", "outage-start"):
             step["down"] = round(rng.uniform(0.5, 3.0), 2)
             step["node"] = rng.randrange(3)
@@ -659,27 +662,46 @@ def compact(world: World, run: Path) -> subprocess.Popen[str]:
 
 
 def compact_together(world: World, first: Path, second: Path, stagger_s: float) -> None:
-    """Two compactions at once (`training.compact.compact_for_artifact` in two threads of this process,
-    against the same Redis): `first`, then `second` `stagger_s` later, so that their reads overlap."""
-    from training.compact import compact_for_artifact
+    """Two compactions at once (`training.compact.compact_stream` in two threads of this process, against
+    the same Redis): each run's place in the stream read from its artifact first, then `first`'s
+    compaction, and `second`'s `stagger_s` later, so that their reads of the stream overlap."""
+    from model.artifact import load_artifact
+    from model.stream import stream_key
+    from training.compact import compact_stream
     from training.data import DataError
 
-    url = world.store.url  # type: ignore[union-attr]
+    store = world.store
+    assert store is not None
+    client = store.client()
+    try:
+        raw = client.get(f"{stream_key(PREFIX)}:identity")
+    finally:
+        client.close()
+    identity = raw.decode() if raw is not None else None
+    places = []
+    for run in (first, second):
+        art = load_artifact(run)
+        places.append((run, art.online_snapshot(stream_key(PREFIX), identity), art.levels.tolist()))
     outcomes: list[str] = []
+    start = threading.Barrier(2)
 
-    def run(run_dir: Path, delay: float) -> None:
+    def compact_one(run: Path, up_to: str, levels: list[float], delay: float) -> None:
+        start.wait()
         time.sleep(delay)
+        if up_to == "0":
+            outcomes.append(f"{run.name}: the artifact read none of the stream")
+            return
         try:
-            outcomes.append(f"{run_dir.name}: {compact_for_artifact(url, PREFIX, str(run_dir))}")
+            outcomes.append(f"{run.name}: {compact_stream(store.url, PREFIX, up_to, levels)}")
         except DataError as exc:
-            outcomes.append(f"{run_dir.name}: refused: {exc}")
+            outcomes.append(f"{run.name}: refused: {exc}")
         except Exception as exc:  # a crash of the tool: what the user would see as a traceback
-            outcomes.append(f"{run_dir.name}: {type(exc).__name__}: {exc}")
+            outcomes.append(f"{run.name}: {type(exc).__name__}: {exc}")
             world.tool_failures.append(f"compact2: {type(exc).__name__}: {exc}")
 
     threads = [
-        threading.Thread(target=run, args=(first, 0.0)),
-        threading.Thread(target=run, args=(second, stagger_s)),
+        threading.Thread(target=compact_one, args=(*places[0], 0.0)),
+        threading.Thread(target=compact_one, args=(*places[1], stagger_s)),
     ]
     for t in threads:
         t.start()
@@ -1101,12 +1123,18 @@ def base_run(directory: Path) -> tuple[Path, Path]:
 
 
 def run_schedule(
-    seed: int, csv: Path, base: Path, flavour: str = "mixed", steps: int = 6, keep: Path | None = None
+    seed: int,
+    csv: Path,
+    base: Path,
+    flavour: str = "mixed",
+    steps: int = 6,
+    keep: Path | None = None,
+    kinds: set[str] | None = None,
 ) -> dict[str, Any]:
     """Run the schedule of `seed`; its record (violations empty when every invariant held)."""
     from model.artifact import load_artifact, publish
 
-    kind, schedule, pinned = draw_schedule(seed, flavour, steps)
+    kind, schedule, pinned = draw_schedule(seed, flavour, steps, kinds)
     print(
         f"schedule seed={seed} flavour={kind} pinned={pinned} steps={[s['kind'] for s in schedule]}",
         flush=True,
@@ -1234,6 +1262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavour", default="mixed", choices=("mixed", "single", "cluster"))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--keep", help="copy the world of a failing schedule (logs, runs) here")
+    parser.add_argument(
+        "--kinds", help="comma-separated step kinds to draw from (default: all of the flavour's)"
+    )
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
     seeds = (
@@ -1247,7 +1278,8 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     with base_world() as (csv, base):
         for seed in seeds:
-            records.append(run_schedule(seed, csv, base, args.flavour, args.steps, keep))
+            kinds = set(args.kinds.split(",")) if args.kinds else None
+            records.append(run_schedule(seed, csv, base, args.flavour, args.steps, keep, kinds))
     run = {
         "command": h.command("faults.py", argv),
         "started": started,
