@@ -60,7 +60,9 @@ def test_compose_services_health_checks_and_volumes() -> None:
     assert "redis-data:/data" in services["redis"]["volumes"] and "redis-data" in _compose()["volumes"]
     assert api["environment"]["DCMC_WRITE_TOKEN"] == ""  # unset: writes off
     assert api["environment"]["DCMC_READ_TOKEN"] == ""  # unset: reads open
-    assert compose({**ENV, "DCMC_READ_TOKEN": "r"})["services"]["api"]["environment"]["DCMC_READ_TOKEN"] == "r"
+    assert (
+        compose({**ENV, "DCMC_READ_TOKEN": "r"})["services"]["api"]["environment"]["DCMC_READ_TOKEN"] == "r"
+    )
     assert api["environment"]["DCMC_REQUIRE_DURABLE"] == "true"  # and on, only while Redis is durable
     assert (
         compose({**ENV, "DCMC_WRITE_TOKEN": "t"})["services"]["api"]["environment"]["DCMC_WRITE_TOKEN"] == "t"
