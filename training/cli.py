@@ -1,7 +1,7 @@
 """The `dcmc` command: train, evaluate, data download, serve.
 
-Heavy imports (torch, the service) happen inside the subcommands, so `dcmc serve` works in the slim
-serving image that has no torch.
+Heavy imports (torch, the service, even numpy) happen inside the subcommands, so `dcmc serve` works in
+the slim serving image that has no torch, and hands over to the service without importing anything twice.
 """
 
 from __future__ import annotations
@@ -13,13 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-from model.artifact import ArtifactError
-from model.config import ConfigError
-from model.exact.explain import CannotExplain
-from model.ids import UnknownIdError
-from training.data import DataError
-from training.errors import ExportError, TrainingError
-
 DATASET_CHOICES = ("ml-100k", "douban", "flixster", "yahoo_music", "epinions", "csv")
 DEFAULT_TRIALS = 100  # training.tune.DEFAULT_TRIALS (not imported here: it needs optuna)
 
@@ -29,6 +22,8 @@ def _settings(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
+            from model.config import ConfigError
+
             raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
         out[key.strip()] = value.strip()
     return out
@@ -44,6 +39,8 @@ def _online_url(value: str | None) -> str | None:
         return value
     url = os.environ.get("REDIS_URL")
     if not url:
+        from training.data import DataError
+
         raise DataError(
             "--online-ratings without a URL reads the environment variable REDIS_URL, which is unset"
         )
@@ -101,7 +98,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _inference_overrides(pairs: list[str], command: str) -> dict[str, str]:
     """`--set inference.<group>.<name>=VALUE` pairs as inference overrides (ConfigError otherwise)."""
-    from model.config import setting_names
+    from model.config import ConfigError, setting_names
 
     overrides = {}
     for key, value in _settings(pairs).items():
@@ -134,6 +131,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     user = artifact.users.indices([args.user])[0]
     items = artifact.items.indices(args.item)
     if args.k < 1:
+        from model.config import ConfigError
+
         raise ConfigError(f"-k must be at least 1, got {args.k}")
     known = artifact.known()  # the scorer's known ratings, in the same order
     for item, e in zip(args.item, scorer.explain(int(user), items, args.k), strict=True):
@@ -202,6 +201,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
             shape.n_users, shape.n_items, args.ratings or shape.n_ratings, shape.levels, seed=args.seed
         )
     except ValueError as exc:
+        from training.data import DataError
+
         raise DataError(str(exc)) from None
     path = write_ratings_csv(Path(args.out) / "ratings.csv", rows, cols, values)
     summary = {
@@ -505,6 +506,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
+    if args.command == "serve":
+        return _cmd_serve(args)
+    from model.artifact import ArtifactError
+    from model.config import ConfigError
+    from model.exact.explain import CannotExplain
+    from model.ids import UnknownIdError
+    from training.data import DataError
+    from training.errors import ExportError, TrainingError
+
     try:
         return int(args.func(args))
     except (
