@@ -898,7 +898,8 @@ def check_workers(
                 world.note("POST /predict", r.status_code, r.text)
                 if r.status_code != 404:
                     violations.append(
-                        f"forgotten {when}: {w.name} answered {r.status_code} for forgotten user {user!r}"
+                        f"forgotten {when}: {w.name} answered {r.status_code} for forgotten user {user!r}: "
+                        f"{r.text[:160]}"
                     )
             for user in sorted(set(by_user) | set(gone)):
                 if user in exp.forgotten:
@@ -921,7 +922,9 @@ def check_workers(
                         else {}
                     )
                     if r.status_code not in (200, 404):
-                        violations.append(f"state {when}: {w.name} answered {r.status_code} for {user!r}")
+                        violations.append(
+                            f"state {when}: {w.name} answered {r.status_code} for {user!r}: {r.text[:160]}"
+                        )
                         continue
                     for item, rating in by_user.get(user, {}).items():
                         if held.get(item) != rating:
@@ -1210,6 +1213,12 @@ def run_schedule(
         record["violations"] = violations
         record["wall_s"] = round(time.monotonic() - began, 1)
         if keep is not None and violations:
+            with (directory / "answers.log").open("w") as out:  # every answer but the 200s, in order
+                out.writelines(
+                    f"{what} {status} {body}\n" for what, status, body in world.http if status != 200
+                )
+            with (directory / "ops.log").open("w") as out:
+                out.writelines(f"{op}\n" for op in world.ops)
             shutil.copytree(directory, keep / f"seed-{seed}", dirs_exist_ok=True, symlinks=True)
         shutil.rmtree(directory, ignore_errors=True)
     status = "ok" if not violations else f"{len(violations)} violations"

@@ -72,18 +72,20 @@ def test_a_replay_that_fails_half_way_is_not_ready_until_it_reaches_the_end(
     for n in range(12):
         stream.xadd("dcmc:ratings", entry_fields(f"chunk{n}", "i2", 3.0))  # type: ignore[arg-type]
     monkeypatch.setattr(service.online, "READ_CHUNK", 5)
-    read, calls = RatingLog.read, []
+    read, calls, broken = RatingLog.read, [], [True]
 
     def flaky(self: RatingLog, after: str) -> Any:
         calls.append(after)
-        if len(calls) == 2:  # the second chunk of the start-up replay
+        if len(calls) >= 2 and broken[0]:  # from the second chunk of the start-up replay on, until mended
             raise redis.ConnectionError("Connection reset by peer (a test's fault)")
         return read(self, after)
 
     monkeypatch.setattr(RatingLog, "read", flaky)
-    with _app(tiny_artifact, durable_redis, redis_retry_s=0.5) as api:
+    with _app(tiny_artifact, durable_redis, redis_retry_s=0.1) as api:
+        _wait(lambda: len(calls) >= 3)  # it failed and tried again
         assert api.client.get("/health").json()["online_ratings"] == 5  # the first chunk only
         assert not _ready(api)
+        broken[0] = False
         _wait(lambda: _ready(api))
         assert api.client.get("/health").json()["online_ratings"] == 12
 
@@ -257,3 +259,18 @@ def test_a_reload_is_retried_after_a_passing_failure_and_waits_for_redis_as_a_ca
         _wait(lambda: reloader.tick() or state.scorer.version == load_artifact(b).model_version)
         assert state.scorer.version == load_artifact(b).model_version and reloader.candidate is None
         reloader.stop()
+
+
+def test_the_dead_letter_stream_is_bounded(
+    durable_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 56, defect 8: the dead-letter stream kept every poison entry's raw fields for ever."""
+    monkeypatch.setattr(service.online, "DEAD_LETTER_MAX", 10)
+    log = RatingLog(durable_redis.url, "dcmc", 1.0)
+    try:
+        for n in range(1, 401):
+            assert log.dead_letter(Poison(f"{n}-0", {"user": f"p{n}"}, "no item field"))
+        kept = redis.Redis.from_url(durable_redis.url).xlen("dcmc:ratings:dead-letter")
+        assert kept < 400 and kept <= 10 + 100  # about the bound (trimmed by whole stream nodes)
+    finally:
+        log.close()
