@@ -7,7 +7,8 @@ private redis-server, in the service's own entry format, then times:
 
 1. replay: `dcmc serve --workers 1` with snapshots off: seconds to /ready and peak RSS; its answers for
    `--sample` of the new users are the reference;
-2. snapshot: a worker with snapshots on, left running until it has stored one (service/snapshot.py);
+2. snapshot: a worker with snapshots on, left running until it has stored one (service/snapshot.py),
+   while another client PINGs Redis every 10 ms: the longest PING;
 3. restart: a fresh worker: seconds to /ready, peak RSS (VmHWM), largest difference from the reference.
 
 Appends the record to benchmarks/results/startup.jsonl and rewrites startup.md.
@@ -16,6 +17,7 @@ Appends the record to benchmarks/results/startup.jsonl and rewrites startup.md.
 import json
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,32 @@ def write_stream(redis_server: Redis, prefix: str, artifact: Path, users: int, p
             pipe.execute()
     pipe.execute()
     return count
+
+
+class Pinger:
+    """Another client's PING every 10 ms while a worker stores its snapshot: the longest one says how long
+    a command of the snapshot held Redis (every other worker's commands wait as long)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.longest = 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.01):
+            began = time.perf_counter()
+            self.client.ping()
+            self.longest = max(self.longest, time.perf_counter() - began)
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        self.client.close()
+        return round(self.longest * 1000, 1)
 
 
 def start(artifact: Path, redis: Redis, prefix: str, log: Path, env: dict[str, str]) -> tuple[Service, dict]:
@@ -95,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         print("replay:", record["replay"], flush=True)
 
         svc, _ = start(artifact, redis_server, prefix, log, {})
+        pings = Pinger(redis_server.url)
         deadline = time.monotonic() + 600
         while svc.metrics_by("dcmc_fold_in_snapshots_total", "event").get("written", 0) < 1:
             if time.monotonic() > deadline:
                 raise TimeoutError("no snapshot stored in 10 minutes")
             time.sleep(0.2)
         svc.stop()
+        record["snapshot_ping_max_ms"] = pings.stop()
+        print(
+            f"the longest PING while the snapshot was stored: {record['snapshot_ping_max_ms']} ms", flush=True
+        )
         snapshot = next(iter(redis_server.client.keys(f"{prefix}:ratings:snapshot:*")))
         meta = json.loads(redis_server.client.hget(snapshot, "meta"))  # type: ignore[arg-type]
         record["snapshot"] = {"bytes": meta["bytes"], "applied": meta["applied"]}
@@ -145,7 +178,8 @@ def write_report(results: Path) -> Path:
         "",
         *h.table(
             "| commit | artifact (user table) | ratings (users x each) | replay: ready s "
-            "| replay: peak RSS MB | snapshot MB | restart: ready s | restart: peak RSS MB "
+            "| replay: peak RSS MB | snapshot MB | longest PING while stored, ms | restart: ready s "
+            "| restart: peak RSS MB "
             "| answers vs replay, max abs diff |"
         ),
     ]
@@ -154,6 +188,7 @@ def write_report(results: Path) -> Path:
             f"| {r['commit']} | {Path(r['artifact']).name} ({_user_table(r)}) "
             f"| {r['ratings']:,} ({r['users']:,} x {r['per_user']}) | "
             f"{r['replay']['ready_s']} | {r['replay']['VmHWM']:.0f} | {r['snapshot']['bytes'] / 1e6:.0f} | "
+            f"{r.get('snapshot_ping_max_ms', '-')} | "
             f"{r['restart']['ready_s']} | {r['restart']['VmHWM']:.0f} | {r['restart']['max_abs_diff']:.1e} |"
         )
     lines += ["", "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in rows})), ""]

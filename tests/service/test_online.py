@@ -412,8 +412,8 @@ def test_a_worker_starts_from_the_fold_in_snapshot_and_replays_only_what_follows
     assert any("started from the fold-in snapshot of 5 online ratings" in r.message for r in caplog.records)
     # A damaged snapshot is not trusted: the worker replays the whole stream, to the same answers.
     client = redis.Redis.from_url(durable_redis.url)
-    (key,) = client.keys("dcmc:ratings:snapshot:*")
-    client.hset(key, "data", b"not the payload")
+    (part,) = client.keys("dcmc:ratings:snapshot-part:*")  # a small payload: one part
+    client.set(part, b"not the payload", keepttl=True)
     client.close()
     with (
         caplog.at_level(logging.WARNING, logger="service.scoring"),
