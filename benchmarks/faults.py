@@ -1,7 +1,7 @@
 """The fault-schedule checker: random schedules of faults against real processes on loopback, and at the end
 invariants checked against a model of what was acknowledged. The project's Jepsen.
 
-    python benchmarks/faults.py [--schedules 200] [--seed 0] [--seeds 3,17] [--flavor mixed]
+    python benchmarks/faults.py [--schedules 200] [--seed 0] [--seeds 3,17] [--flavour mixed] [--steps 6]
 
 Each schedule starts its own world: a redis-server with an append-only file fsynced on every write (or,
 flavour `cluster`, three primaries in cluster mode), two `dcmc serve` workers that reach Redis through
@@ -11,7 +11,10 @@ ratings, retractions and forgets to the workers that say they are ready (as a lo
 schedule runs its steps, drawn from the seed:
 
     compact       `dcmc compact` of the published artifact
-    compact2      two compactions at once (threads), of the newest run and, up to 100 ms later, the one before
+    compact2      two compactions at once (threads), of the newest run and the one before, in either order,
+                  the second up to 100 ms after the first; or, where the first reaches Redis through a
+                  proxy that delays every packet 50-300 ms (a slow retrainer far away), anywhere in the
+                  first's run (up to 8 delays after it): between its read and its write included
     retrain       `dcmc train --online-ratings ... --publish` (the workers reload it), then often compact
     retrain2      two retrains back to back, then both runs compacted at once (compact2's way): two
                   retrainers, one slower than the other
@@ -46,7 +49,8 @@ After the last step every fault is healed and the invariants are checked:
 
 A schedule prints its seed first, so a failure can be replayed (`--seeds SEED`); the timing of the
 processes is not replayed, only the schedule. Writes benchmarks/results/faults.md and appends the run's
-record to faults.jsonl (`--no-record`: neither; the tests run it so).
+record to faults.jsonl (`--no-record`: neither; the tests run it so). Stopped part way (SIGINT or SIGTERM),
+it records the schedules that finished, marked as interrupted.
 """
 
 from __future__ import annotations
@@ -619,6 +623,13 @@ def draw_schedule(
             step["compact"] = rng.random() < 0.7
         if kind in ("compact2", "retrain2"):
             step["stagger"] = round(rng.uniform(0.0, 0.1), 4)
+            # Drawn apart, so that the schedules of seeds drawn before these existed stay as they were:
+            # which compaction starts first, and whether its connection is slow (a retrainer far away).
+            extra = random.Random(f"{seed}:{len(out)}:compact2")
+            step["older_first"] = extra.random() < 0.5
+            if flavour == "single" and extra.random() < 0.5:
+                step["slow"] = round(extra.uniform(0.05, 0.3), 3)
+                step["stagger"] = round(extra.uniform(0.0, 8.0) * step["slow"], 4)  # anywhere in its run
         if kind in ("redis-kill", "primary-down", "outage-start"):
             step["down"] = round(rng.uniform(0.5, 3.0), 2)
             step["node"] = rng.randrange(3)
@@ -661,10 +672,13 @@ def compact(world: World, run: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def compact_together(world: World, first: Path, second: Path, stagger_s: float) -> None:
+def compact_together(world: World, newest: Path, older: Path, step: dict[str, Any]) -> None:
     """Two compactions at once (`training.compact.compact_stream` in two threads of this process, against
-    the same Redis): each run's place in the stream read from its artifact first, then `first`'s
-    compaction, and `second`'s `stagger_s` later, so that their reads of the stream overlap."""
+    the same Redis): each run's place in the stream read from its artifact first, then one compaction
+    (`newest`'s, or `older`'s where `step["older_first"]`) and the other `step["stagger"]` s later, so
+    that their reads of the stream overlap. With `step["slow"]` the first one reaches Redis through a
+    proxy that delays every chunk by that long (single node), so that the second may trim and write its
+    head while the first is still reading."""
     from model.artifact import load_artifact
     from model.stream import stream_key
     from training.compact import compact_stream
@@ -678,6 +692,13 @@ def compact_together(world: World, first: Path, second: Path, stagger_s: float) 
     finally:
         client.close()
     identity = raw.decode() if raw is not None else None
+    first, second = (older, newest) if step.get("older_first") else (newest, older)
+    stagger_s, slow_s = step["stagger"], step.get("slow", 0.0)
+    proxy = Proxy(store.nodes[0].port) if slow_s and not store.cluster else None
+    urls = [store.url, store.url]
+    if proxy is not None:
+        proxy.delay_s = slow_s
+        urls[0] = f"redis://127.0.0.1:{proxy.port}/0"
     places = []
     for run in (first, second):
         art = load_artifact(run)
@@ -685,14 +706,14 @@ def compact_together(world: World, first: Path, second: Path, stagger_s: float) 
     outcomes: list[str] = []
     start = threading.Barrier(2)
 
-    def compact_one(run: Path, up_to: str, levels: list[float], delay: float) -> None:
+    def compact_one(run: Path, up_to: str, levels: list[float], delay: float, url: str) -> None:
         start.wait()
         time.sleep(delay)
         if up_to == "0":
             outcomes.append(f"{run.name}: the artifact read none of the stream")
             return
         try:
-            outcomes.append(f"{run.name}: {compact_stream(store.url, PREFIX, up_to, levels)}")
+            outcomes.append(f"{run.name}: {compact_stream(url, PREFIX, up_to, levels)}")
         except DataError as exc:
             outcomes.append(f"{run.name}: refused: {exc}")
         except Exception as exc:  # a crash of the tool: what the user would see as a traceback
@@ -700,13 +721,15 @@ def compact_together(world: World, first: Path, second: Path, stagger_s: float) 
             world.tool_failures.append(f"compact2: {type(exc).__name__}: {exc}")
 
     threads = [
-        threading.Thread(target=compact_one, args=(*places[0], 0.0)),
-        threading.Thread(target=compact_one, args=(*places[1], stagger_s)),
+        threading.Thread(target=compact_one, args=(*places[0], 0.0, urls[0])),
+        threading.Thread(target=compact_one, args=(*places[1], stagger_s, urls[1])),
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    if proxy is not None:
+        proxy.stop()
     with (world.dir / "tools.log").open("a") as log:
         log.write(f"--- compact2 at {time.monotonic() - world.began:.2f}s\n" + "\n".join(outcomes) + "\n")
 
@@ -741,7 +764,7 @@ def run_step(world: World, step: dict[str, Any], timers: list[threading.Timer]) 
         _finish(world, [compact(world, world.current)], "compact")
     elif kind == "compact2":
         older = world.runs[-2] if len(world.runs) > 2 else world.runs[-1]  # r0 read none of the stream
-        compact_together(world, world.runs[-1], older, step["stagger"])
+        compact_together(world, world.runs[-1], older, step)
     elif kind == "retrain":
         run = retrain(world, f"r{len(world.runs)}")
         if run is not None and step.get("compact"):
@@ -750,7 +773,7 @@ def run_step(world: World, step: dict[str, Any], timers: list[threading.Timer]) 
         first = retrain(world, f"r{len(world.runs)}")
         second = retrain(world, f"r{len(world.runs)}")
         if first is not None and second is not None:
-            compact_together(world, second, first, step["stagger"])
+            compact_together(world, second, first, step)
     elif kind == "partition-compact" and worker.proxy is not None:
         worker.proxy.hold(True)
         try:
@@ -1251,7 +1274,8 @@ def report(records: list[dict[str, Any]], run: dict[str, Any]) -> list[str]:
         f"- machine: {run['machine']['nproc']} cores, {run['machine']['cpu']}",
         "",
         f"{len(records)} schedules ({sum(r['flavour'] == 'cluster' for r in records)} on a cluster), "
-        f"{len(failing)} with a broken invariant.",
+        f"{len(failing)} with a broken invariant."
+        + (f" Interrupted after {len(records)} of {run['of']}." if run.get("interrupted") else ""),
         "",
     ]
     if kinds:
@@ -1285,10 +1309,16 @@ def main(argv: list[str] | None = None) -> int:
     started, wall = h.stamp(), time.monotonic()
     commit = h.commit_label("model", "service", "training", "benchmarks/faults.py")
     records = []
-    with base_world() as (csv, base):
-        for seed in seeds:
-            kinds = set(args.kinds.split(",")) if args.kinds else None
-            records.append(run_schedule(seed, csv, base, args.flavour, args.steps, keep, kinds))
+    interrupted = False
+    for signum in (signal.SIGINT, signal.SIGTERM):  # also where started in the background (SIGINT ignored)
+        signal.signal(signum, signal.default_int_handler)
+    try:
+        with base_world() as (csv, base):
+            for seed in seeds:
+                kinds = set(args.kinds.split(",")) if args.kinds else None
+                records.append(run_schedule(seed, csv, base, args.flavour, args.steps, keep, kinds))
+    except KeyboardInterrupt:  # stopped part way (Ctrl-C, SIGINT): record the schedules that finished
+        interrupted = True
     run = {
         "command": h.command("faults.py", argv),
         "started": started,
@@ -1296,6 +1326,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit,
         "machine": h.machine(),
         "schedules": len(records),
+        "of": len(seeds),
+        "interrupted": interrupted,
         "failing": [r["seed"] for r in records if r["violations"]],
     }
     print(json.dumps({k: v for k, v in run.items() if k != "machine"}), flush=True)
