@@ -14,7 +14,7 @@ schedule runs its steps, drawn from the seed:
     compact2      two compactions at once (threads), of the newest run and the one before, in either order,
                   the second up to 100 ms after the first; or, where the first reaches Redis through a
                   proxy that delays every packet 50-300 ms (a slow retrainer far away), anywhere in the
-                  first's run (up to 8 delays after it): between its read and its write included
+                  first's run (up to 24 delays after it): between its read and its write included
     retrain       `dcmc train --online-ratings ... --publish` (the workers reload it), then often compact
     retrain2      two retrains back to back, then both runs compacted at once (compact2's way): two
                   retrainers, one slower than the other
@@ -629,7 +629,7 @@ def draw_schedule(
             step["older_first"] = extra.random() < 0.5
             if flavour == "single" and extra.random() < 0.5:
                 step["slow"] = round(extra.uniform(0.05, 0.3), 3)
-                step["stagger"] = round(extra.uniform(0.0, 8.0) * step["slow"], 4)  # anywhere in its run
+                step["stagger"] = round(extra.uniform(0.0, 24.0) * step["slow"], 4)  # anywhere in its run
         if kind in ("redis-kill", "primary-down", "outage-start"):
             step["down"] = round(rng.uniform(0.5, 3.0), 2)
             step["node"] = rng.randrange(3)
