@@ -29,7 +29,8 @@ schedule runs its steps, drawn from the seed:
 
 After the last step every fault is healed and the invariants are checked:
 
-    ready       every worker is ready within READY_BOUND_S of the last fault (and none exited)
+    ready       every worker is ready and following the stream within READY_BOUND_S of the last fault
+                (and none exited)
     no-500      no answer of any request was a 5xx other than 503
     truthful    every answer that said nothing was stored (503 "nothing ... stored", 4xx, refused connection)
                 stored nothing: none of its ratings is in the stream or its compacted head
@@ -832,7 +833,9 @@ def _get(world: World, http: httpx.Client, url: str, what: str, **kw: Any) -> ht
 def wait_ready(
     world: World, since: float, violations: list[str], workers: list[Worker] | None = None
 ) -> float | None:
-    """Seconds from `since` until every worker answers /ready 200; a violation past READY_BOUND_S."""
+    """Seconds from `since` until every worker answers /ready 200 and follows the stream (/health's
+    replication phase `following`, where it says: a worker that caught up once stays ready while it retries
+    Redis, serving what it has, and reads with `after` wait for it); a violation past READY_BOUND_S."""
     deadline = since + READY_BOUND_S
     workers = world.workers if workers is None else workers
     with httpx.Client(timeout=2) as http:
@@ -844,7 +847,7 @@ def wait_ready(
             states = {}
             for w in workers:
                 r = _get(world, http, f"{w.url}/ready", "GET /ready")
-                states[w.name] = r is not None and r.status_code == 200
+                states[w.name] = r is not None and r.status_code == 200 and _following(http, w)
             if all(states.values()):
                 return time.monotonic() - since
             if time.monotonic() > deadline:
@@ -854,6 +857,15 @@ def wait_ready(
                 )
                 return None
             time.sleep(0.1)
+
+
+def _following(http: httpx.Client, worker: Worker) -> bool:
+    """Whether /health says the worker follows the stream (True where it does not say)."""
+    try:
+        replication = http.get(f"{worker.url}/health").json().get("replication")
+    except (httpx.HTTPError, ValueError):
+        return False
+    return not isinstance(replication, dict) or replication.get("phase", "following") == "following"
 
 
 def check_truthful(world: World, violations: list[str]) -> None:
