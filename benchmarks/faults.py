@@ -50,7 +50,8 @@ After the last step every fault is healed and the invariants are checked:
 
 A schedule prints its seed first, so a failure can be replayed (`--seeds SEED`); the timing of the
 processes is not replayed, only the schedule. Writes benchmarks/results/faults.md and appends the run's
-record to faults.jsonl (`--no-record`: neither; the tests run it so). Stopped part way (SIGINT or SIGTERM),
+record to faults.jsonl (`--no-record`: neither; the tests run it so; `--report`: only rebuild faults.md from
+faults.jsonl, its latest run first). Stopped part way (SIGINT or SIGTERM),
 it records the schedules that finished, marked as interrupted.
 """
 
@@ -1272,7 +1273,8 @@ def base_world() -> Iterator[tuple[Path, Path]]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def report(records: list[dict[str, Any]], run: dict[str, Any]) -> list[str]:
+def report(records: list[dict[str, Any]], run: dict[str, Any], history: list[dict[str, Any]]) -> list[str]:
+    """faults.md: this run's broken invariants, then every run recorded before it (`history`) and this one."""
     failing = [r for r in records if r["violations"]]
     kinds: dict[str, int] = {}
     for r in failing:
@@ -1294,6 +1296,12 @@ def report(records: list[dict[str, Any]], run: dict[str, Any]) -> list[str]:
         lines += h.table("| invariant | schedules that broke it |")
         lines += [f"| {k} | {n} |" for k, n in sorted(kinds.items())]
         lines += ["", "Failing seeds: " + ", ".join(str(r["seed"]) for r in failing), ""]
+    lines += ["## Every recorded run (faults.jsonl)", ""]
+    lines += h.table("| started | commit | command | schedules | failing seeds |")
+    for r in [*history, run]:
+        done = f"{r['schedules']} of {r['of']}" + (" (interrupted)" if r.get("interrupted") else "")
+        failing_seeds = ", ".join(str(s) for s in r["failing"]) or "none"
+        lines.append(f"| {r['started']} | {r['commit']} | `{r['command']}` | {done} | {failing_seeds} |")
     return lines
 
 
@@ -1311,7 +1319,12 @@ def main(argv: list[str] | None = None) -> int:
         "--kinds", help="comma-separated step kinds to draw from (default: all of the flavour's)"
     )
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--report", action="store_true", help="only rebuild faults.md from faults.jsonl")
     args = parser.parse_args(argv)
+    if args.report:
+        *history, last = h.read_jsonl(h.RESULTS / "faults.jsonl")
+        h.write_report(h.RESULTS / "faults.md", report(last["records"], last, history))
+        return 0
     seeds = (
         [int(s) for s in args.seeds.split(",")]
         if args.seeds
@@ -1344,8 +1357,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps({k: v for k, v in run.items() if k != "machine"}), flush=True)
     if not args.no_record:
+        history = h.read_jsonl(h.RESULTS / "faults.jsonl")
         h.append_jsonl(h.RESULTS / "faults.jsonl", {**run, "records": records})
-        h.write_report(h.RESULTS / "faults.md", report(records, run))
+        h.write_report(h.RESULTS / "faults.md", report(records, run, history))
     return 1 if run["failing"] else 0
 
 
