@@ -207,10 +207,15 @@ class FoldIn:
 
     def user_index(self, user: str, state: OnlineState | None = None) -> int | None:
         """The index of an external user id in `state` (default the published one), or None when it has no
-        rating there (a user being folded in right now becomes known once its state is published)."""
+        rating there (a user being folded in right now becomes known once its state is published; a user
+        who arrived online and took every rating back is unknown again)."""
         i = self._user_index.get(user)
         state = state or self.state
-        return i if i is not None and i < state.network.n_users and i not in state.forgotten else None
+        if i is None or i >= state.network.n_users or i in state.forgotten:
+            return None
+        if i >= self._base.n_users and not state.online.get(i):
+            return None  # arrived online and took every rating back: none, as a replay of the compacted head
+        return i
 
     def user_id(self, index: int) -> str:
         """The external id of a user index."""

@@ -672,6 +672,23 @@ def test_a_new_item_whose_trained_raters_are_gone_loses_its_embedding(artifact: 
     assert not fold.state.embedded[j] and not fold.state.network.item_emb[j].any()
 
 
+def test_a_new_user_who_takes_every_rating_back_is_unknown(artifact: Artifact) -> None:
+    """Issue 56, fault seed 25: a user who arrived online and took their only rating back is unknown, as
+    they are to a worker that replays the compacted head (which holds no rating of theirs); a trained user
+    who takes a rating back stays known."""
+    fold, _ = _fold(artifact, EXACT)
+    item = artifact.items.external(3)
+    fold.apply([("newcomer", item, 4.0)])
+    assert fold.user_index("newcomer") is not None
+    fold.apply([("newcomer", item, None)])
+    assert fold.user_index("newcomer") is None
+    trained = artifact.users.external(2)
+    fold.apply([(trained, item, None)])
+    assert fold.user_index(trained) == 2
+    fold.apply([("newcomer", item, 5.0)])  # rated again: known again
+    assert fold.user_index("newcomer") is not None
+
+
 def test_users_the_artifact_records_as_forgotten_stay_unknown(artifact: Artifact) -> None:
     """Issue 56, defect 6: the retrain that consumed a forget records the user (`forgotten_users`), so that
     a fold-in of the new artifact never knows them again (until they rate anew)."""
