@@ -133,6 +133,10 @@ class PaperScorer:
         """Never called: `row_parts` gives none."""
         raise TypeError("the paper mode has no row parts")
 
+    def answer(self, user: int, cols: IntArray) -> tuple[FloatArray, FloatArray | None] | None:
+        """None: the paper mode's answers are its block CRFs (`unmixed`)."""
+        return None
+
     def updated(
         self,
         network: Network,

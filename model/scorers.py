@@ -63,6 +63,11 @@ class Scorer(Protocol):
         """`unmixed` of (parts.user, cols[k]) from `row_parts` (only called with parts this mode made)."""
         ...
 
+    def answer(self, user: int, cols: IntArray) -> tuple[FloatArray, FloatArray | None] | None:
+        """`unmixed` of one user's queries (user, cols[k]) by the mode's fused path (`exact` with clamped
+        known entries: model/exact/direct.py), the same numbers to rounding; None where it has none."""
+        ...
+
     def updated(
         self,
         network: Network,
@@ -112,6 +117,10 @@ class NetworkScorer:
     def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
         """Never called: `row_parts` gives none."""
         raise TypeError("the network alone has no row parts")
+
+    def answer(self, user: int, cols: IntArray) -> tuple[FloatArray, FloatArray | None] | None:
+        """None: `unmixed` is the network's one product already."""
+        return None
 
     def updated(
         self,
@@ -189,6 +198,26 @@ class MeanScorer:
         out: FloatArray | None = None
         for member, own in zip(self.members, parts.members, strict=True):
             dist, baseline = member.from_parts(own, cols)
+            if baseline is not None:
+                dist = baseline_mixture(dist, baseline, self.levels, member.baseline_weight)
+            out = dist if out is None else out + dist
+        assert out is not None
+        out /= len(self.members)
+        return out, None
+
+    def answer(self, user: int, cols: IntArray) -> tuple[FloatArray, FloatArray | None] | None:
+        """`unmixed` by each member's fused path, the decoder's scores computed once for all (the members
+        share the network); None when a member has no fused path."""
+        exact = [m for m in self.members if isinstance(m, ExactScorer)]
+        if len(exact) < len(self.members):
+            return None
+        scores = exact[0].scores(user, cols)
+        out: FloatArray | None = None
+        for member in exact:
+            answered = member.answer(user, cols, scores)
+            if answered is None:
+                return None
+            dist, baseline = answered
             if baseline is not None:
                 dist = baseline_mixture(dist, baseline, self.levels, member.baseline_weight)
             out = dist if out is None else out + dist

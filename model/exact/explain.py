@@ -17,9 +17,10 @@ Every known rating reaches every query through the field's product of similariti
 query's row and column weigh at most max s_r(i, .) max s_c(j, .) <= 1 each, against lambda_u ~ 10-100
 for the user's own ratings. `explain` scores the ratings on the query's row and column exactly, then
 bounds what any other can move the answer (a logit shift of oscillation d moves the distribution by at
-most 1 - exp(-d) in total variation, so the expected rating by at most (L_p - L_1) times that); only when
-the bound does not clear the k-th largest effect are the others weighed (a product each) and scored where
-their own bound clears it, so the list is exact either way.
+most 1 - exp(-d) in total variation, so the expected rating by at most (L_p - L_1) times that, and by at
+most e^(d/2) sd d / 2, sd the levels' standard deviation under the query's posterior: `Queries.bound`);
+only when the bound does not clear the k-th largest effect are the others weighed (a product each) and
+scored where their own bound clears it, so the list is exact either way.
 
 The network's own use of the rating row (the row branch embeds the user from the ratings) is not
 decomposed: an explanation holds the network's outputs fixed.
@@ -217,6 +218,11 @@ class Queries(Ranking):
             self.baseline = np.clip(scorer.biases.predict(user, items), lo, hi)
         self.row = known.by_row.of(user) if user < n else np.empty(0, dtype=np.int64)
         self.ratings = self.read(queries, self.num, self.den)
+        # The standard deviation of the levels under each query's posterior (what `bound` scales by).
+        msg = self.num / self.den[:, None] if self.normalized else self.num * self.scale
+        posterior = softmax(self.floored - self.gamma * msg)
+        mean = posterior @ self.levels
+        self.level_sd = np.sqrt(np.maximum(posterior @ self.levels**2 - mean**2, 0.0))
 
     def weights(self, owner: IntArray, positions: IntArray) -> FloatArray:
         """k_l of the known entries at `positions` for the queries `owner` (module docstring)."""
@@ -261,11 +267,15 @@ class Queries(Ranking):
         else:
             c, spread = k * self.scale, self.compat
         widest = float((spread.max(axis=1) - spread.min(axis=1)).max())
-        out: FloatArray = (
-            (1.0 - self.weight)
-            * float(self.levels[-1] - self.levels[0])
-            * -np.expm1(-self.gamma * c * widest)
-        )
+        # Two bounds of the expected rating's move under a logit shift of oscillation d, the smaller
+        # taken: (L_p - L_1) (1 - e^-d) from total variation, and e^(d/2) sd d / 2, sd the levels'
+        # standard deviation under the query's posterior: along the path pi_s ~ pi exp(s delta) (delta
+        # centred, |delta| <= d/2), dE/ds = Cov_s(L, delta) <= sd_s(L) d/2 and pi_s <= pi e^(s d), so
+        # sd_s(L) <= e^(s d/2) sd. The second is what keeps a confident query off the full scan.
+        d = self.gamma * c * widest
+        total_variation = float(self.levels[-1] - self.levels[0]) * -np.expm1(-d)
+        spread_bound = np.exp(np.minimum(d / 2, 700.0)) * self.level_sd[q] * d / 2
+        out: FloatArray = (1.0 - self.weight) * np.minimum(total_variation, spread_bound)
         return out
 
 

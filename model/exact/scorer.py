@@ -22,6 +22,7 @@ from model.engine import (
     one_row,
     row_products,
 )
+from model.exact import direct
 from model.exact.affinity import Affinity, SparseAffinity
 from model.exact.baseline import BiasModel, baseline_mixture
 from model.exact.explain import Explanation, explain
@@ -622,6 +623,56 @@ class ExactScorer:
             out = np.hstack([out, per_label.sum(axis=1, keepdims=True)])
         result: FloatArray = out
         return result
+
+    def scores(self, user: int, cols: IntArray) -> FloatArray:
+        """The decoder's scores u^T B_l v_j of one user's items (K, p), float64: what `answer` reads (a
+        mean of scorers of one network computes them once for all of its members)."""
+        net = self.network
+        decoder = np.matmul(net.user_emb[user], net.bilinear)  # (p, d)
+        out: FloatArray = np.asarray(np.take(net.item_emb, cols, axis=0), dtype=np.float64) @ decoder.T
+        return out
+
+    def answer(
+        self, user: int, cols: IntArray, scores: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray | None] | None:
+        """`unmixed` of one user's queries (user, cols[k]), fused (model/exact/direct.py): the same numbers
+        to rounding, in float64, without the catalogue-wide work of `row_parts`. None when the known
+        entries are not clamped (their distributions then follow the network: `unmixed` answers)."""
+        f, lines, known = self.field, self.lines, self.known
+        if self.kernel.known != "clamped":
+            return None
+        cols = np.asarray(cols, dtype=np.int64)
+        normalized = self.kernel.scaling == "normalized"
+        p = len(self.compat)
+        vec = np.matmul(self.user_lifted[user], f.stacked(normalized))  # (p [+ 1], D)
+        sums = np.zeros((len(cols), p))
+        prior = 0.0
+        if lines is not None and lines.active:
+            t = f.t
+            assert isinstance(t, ClampedRows)  # clamped known entries
+            labels = t.labels
+            if lines.same_user > 0 and user < known.n_users:
+                vec = vec + lines.same_user * lines.user_sums(user, t, self.item_lifted, normalized)
+            if lines.co_rating > 0 and lines.affinity is not None and user < known.n_users:
+                pos = known.by_row.of(user)
+                items = np.asarray(known.cols[pos], dtype=np.int64)
+                direct.row_label_sums(sums, lines.affinity, cols, items, labels[pos], lines.co_rating)
+            if lines.column_terms:
+                e = lines.column_weights(user, self.user_lifted)
+                index = known.by_col
+                direct.column_label_sums(
+                    sums, index.buffer, index.start, index.count, known.rows, labels, e, cols
+                )
+            prior = lines.prior_weight
+        if scores is None:
+            scores = self.scores(user, cols)
+        scale = f.scale if self.kernel.scaling == "scaled" else 1.0
+        dist = direct.finish(
+            self.item_lifted, vec, cols, sums, self.compat, scores, self.crf.gamma, normalized, scale, prior
+        )
+        if self.biases is None:
+            return dist, None
+        return dist, self.biases.predict(user, cols)
 
     def unmixed(
         self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None

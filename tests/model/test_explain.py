@@ -128,3 +128,32 @@ def test_modes_without_one_term_per_rating_cannot_explain(tiny_artifact: Path) -
     predicted = _scorer(tiny_artifact, **{"kernel.known": "predicted"})
     with pytest.raises(CannotExplain, match="clamped"):
         predicted.explain(0, np.array([1]), 3)
+
+
+@pytest.mark.parametrize("scaling", ["normalized", "sum"])
+def test_the_bound_holds_for_every_rating_off_the_row_and_column(tiny_artifact: Path, scaling: str) -> None:
+    # `Queries.bound` decides which ratings are never scored: it must bound each one's exact effect.
+    from model.exact.explain import MeanQueries, Queries
+
+    gamma = 2.0 if scaling != "sum" else 0.01
+    scorer = _scorer(tiny_artifact, **{"kernel.scaling": scaling, "crf.gamma": gamma})
+    other = _scorer(
+        tiny_artifact, **{"kernel.scaling": scaling, "crf.gamma": gamma / 2, "kernel.co_rating": 5.0}
+    )
+    other.network, other.known = scorer.network, scorer.known
+    known = scorer.known
+    rng = np.random.default_rng(4)
+    tight = 0
+    for user in rng.choice(known.n_users, 5, replace=False).tolist():
+        items = rng.choice(known.n_items, 4, replace=False)
+        single = Queries(scorer, user, items)
+        mean = MeanQueries([single, Queries(other, user, items)])
+        for ranking in (single, mean):
+            for q, item in enumerate(items.tolist()):
+                off = np.flatnonzero((known.rows != user) & (known.cols != item))
+                weight = ranking.user_sim[known.rows[off]] * ranking.item_sims[q, known.cols[off]]
+                effects = np.abs(ranking.effects(np.full(len(off), q), off))
+                bound = ranking.bound(q, weight)
+                assert np.all(effects <= bound + 1e-15)
+                tight += int(np.any(effects > 0.1 * bound))
+    assert tight > 0  # the bound is not vacuous
