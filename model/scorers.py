@@ -206,17 +206,23 @@ class MeanScorer:
         return out, None
 
     def answer(self, user: int, cols: IntArray) -> tuple[FloatArray, FloatArray | None] | None:
-        """`unmixed` by each member's fused path, the decoder's scores computed once for all (the members
-        share the network); None when a member has no fused path."""
+        """`unmixed` by each member's fused path: every member's item products and the decoder's scores
+        in one matrix product (the members share the network), then each member's loop; None when a
+        member has no fused path."""
         exact = [m for m in self.members if isinstance(m, ExactScorer)]
-        if len(exact) < len(self.members):
+        if len(exact) < len(self.members) or any(m.kernel.known != "clamped" for m in exact):
             return None
-        scores = exact[0].scores(user, cols)
+        cols = np.asarray(cols, dtype=np.int64)
+        first = exact[0]
+        vectors = [m.vectors(user) for m in exact]
+        read = np.take(first.item_lifted, cols, axis=0) @ np.vstack([*vectors, first.probe(user)]).T
+        scores = read[:, -len(first.compat) :] * first.network.item_norms[cols][:, None]
         out: FloatArray | None = None
-        for member in exact:
-            answered = member.answer(user, cols, scores)
-            if answered is None:
-                return None
+        at = 0
+        for member, vec in zip(exact, vectors, strict=True):
+            answered = member.answer(user, cols, read[:, at : at + len(vec)], scores)
+            at += len(vec)
+            assert answered is not None  # clamped known entries
             dist, baseline = answered
             if baseline is not None:
                 dist = baseline_mixture(dist, baseline, self.levels, member.baseline_weight)

@@ -9,11 +9,12 @@ Every term of a clamped field's message is a sum over known ratings of a weight 
   C[label_r];
 - the column terms (same-item, user co-rating): sum over the known l on column j of e(user_l) C[label_l],
   e = `Lines.column_weights`.
-So the row and column terms are both per-label sums L[k, v] (`_row_label_sums`, `_column_label_sums`),
-and the message is b_j . vec[u] + sum_v L[k, v] C[v, u], its normaliser b_j . vec[p] + sum_v L[k, v] + the
-prior (`_finish`, with the posterior softmax(max(log_softmax(scores), LOG_FLOOR) - gamma msg)). The same
-numbers as `unmixed` to rounding (tests/model/test_direct.py checks 1e-9 on random users, items and
-online states).
+So the row and column terms are both per-label sums L[k, v], and the message is b_j . vec[u] +
+sum_v L[k, v] C[v, u], its normaliser b_j . vec[p] + sum_v L[k, v] + the prior, and the posterior
+softmax(max(log_softmax(scores), LOG_FLOOR) - gamma msg): one loop per setting (`_member`). The products
+b_j . vec of every averaged setting, and the decoder's scores, are one matrix product (`ExactScorer.
+vectors`, `MeanScorer.answer`). The same numbers as `unmixed` to rounding (tests/model/test_direct.py
+checks 1e-9 on random users, items and online states).
 
 The loops are compiled with numba where it is installed (the serving image installs it); without it the
 same sums run in numpy, slower, with the same results."""
@@ -27,6 +28,7 @@ import numpy as np
 
 from model.exact.affinity import Affinity, DenseAffinity
 from model.exact.posterior import LOG_FLOOR
+from model.ratings import LineIndex, ranges
 from model.types import FloatArray, IntArray
 
 try:  # pragma: no cover - which branch runs depends on the environment
@@ -45,92 +47,71 @@ except ImportError:  # pragma: no cover
 
 
 @_jit
-def _dense_row_sums(
-    out: FloatArray,
+def _member(
+    forms: FloatArray,
+    scores: FloatArray,
+    sums: FloatArray,
     table: FloatArray,
     slot: IntArray,
     patch_rows: FloatArray,
     cols: IntArray,
     items: IntArray,
-    labels: IntArray,
-    weight: float,
-) -> None:
-    """out[k, labels[r]] += weight w(cols[k], items[r]) for a `DenseAffinity` (its shared array, the lines
-    replaced since taking precedence: `DenseAffinity.block`)."""
-    n = table.shape[0]
-    for r in range(len(items)):
-        j, v, sj = items[r], labels[r], slot[items[r]]
-        for k in range(len(cols)):
-            c = cols[k]
-            sc = slot[c]
-            if sc >= 0:
-                w = patch_rows[sc, j]
-            elif sj >= 0:
-                w = patch_rows[sj, c]
-            elif c < n and j < n:
-                w = table[j, c]  # symmetric: the rated item's row, read along the queries
-            else:
-                w = 0.0
-            out[k, v] += weight * w
-
-
-@_jit
-def _column_label_sums(
-    out: FloatArray,
+    item_labels: IntArray,
+    co_rating: float,
     buffer: IntArray,
     start: IntArray,
     count: IntArray,
     known_rows: IntArray,
     labels: IntArray,
     e: FloatArray,
-    cols: IntArray,
-) -> None:
-    """out[k, label_l] += e[user_l] over the known l on column cols[k] (a `LineIndex` by column)."""
-    n_lines = len(start)
-    for k in range(len(cols)):
-        c = cols[k]
-        if c >= n_lines:
-            continue
-        s = start[c]
-        for i in range(count[c]):
-            pos = buffer[s + i]
-            out[k, labels[pos]] += e[known_rows[pos]]
-
-
-@_jit
-def _finish(
-    b: FloatArray,
-    vec: FloatArray,
-    cols: IntArray,
-    sums: FloatArray,
     compat: FloatArray,
-    scores: FloatArray,
     gamma: float,
     normalized: bool,
     scale: float,
     prior: float,
     floor: float,
 ) -> FloatArray:
-    """The posteriors (K, p): message b_j . vec[u] + sum_v sums[k, v] C[v, u], divided by its normaliser
-    b_j . vec[p] + sum_v sums[k, v] + prior when `normalized`, else times `scale`; then
-    softmax(max(log_softmax(scores), floor) - gamma msg)."""
+    """One setting's posteriors (K, p) of the queries cols[k]: `sums` (K, p) gains the row term's per-label
+    sums over the user's rated `items` (a `DenseAffinity`'s shared array, its replaced lines taking
+    precedence: `DenseAffinity.block`; none when `items` is empty) and the column terms' (none when `e` is
+    empty); the message is forms[k, u] + sum_v sums[k, v] C[v, u], over forms[k, p] + sum_v sums[k, v] +
+    prior when `normalized` (else times `scale`); the posterior softmax(max(log_softmax(scores), floor) -
+    gamma msg)."""
+    n_base = table.shape[0]
     k_n, p = scores.shape
-    d = b.shape[1]
+    for r in range(len(items)):
+        j, v, sj = items[r], item_labels[r], slot[items[r]]
+        for k in range(k_n):
+            c = cols[k]
+            sc = slot[c]
+            if sc >= 0:
+                w = patch_rows[sc, j]
+            elif sj >= 0:
+                w = patch_rows[sj, c]
+            elif c < n_base and j < n_base:
+                w = table[j, c]  # symmetric: the rated item's row, read along the queries
+            else:
+                w = 0.0
+            sums[k, v] += co_rating * w
+    if len(e):
+        n_lines = len(start)
+        for k in range(k_n):
+            c = cols[k]
+            if c < n_lines:
+                at = start[c]
+                for i in range(count[c]):
+                    pos = buffer[at + i]
+                    sums[k, labels[pos]] += e[known_rows[pos]]
     out = np.empty((k_n, p))
     msg = np.empty(p)
     for k in range(k_n):
-        j = cols[k]
         for u in range(p):
-            acc = 0.0
-            for x in range(d):
-                acc += b[j, x] * vec[u, x]
+            acc = forms[k, u]
             for v in range(p):
                 acc += sums[k, v] * compat[v, u]
             msg[u] = acc
         if normalized:
-            total = prior
-            for x in range(d):
-                total += b[j, x] * vec[p, x]
+            total = forms[k, p] + prior
             for v in range(p):
                 total += sums[k, v]
             total = max(total, 1e-12)
@@ -159,75 +140,63 @@ def _finish(
     return out
 
 
-def row_label_sums(
-    out: FloatArray, affinity: Affinity, cols: IntArray, items: IntArray, labels: IntArray, weight: float
-) -> None:
-    """out[k, labels[r]] += weight w(cols[k], items[r]): the item co-rating term over the user's rated
-    items, per label. A dense table in the compiled loop; a sparse one through its `block`."""
-    if not len(items):
-        return
-    if isinstance(affinity, DenseAffinity) and COMPILED:
-        _dense_row_sums(out, affinity.table, affinity._slot, affinity.patch_rows, cols, items, labels, weight)
-        return
-    block = affinity.block(cols, items)  # (K, rated)
-    onehot = np.zeros((len(items), out.shape[1]))
-    onehot[np.arange(len(items)), labels] = 1.0
-    out += weight * (block @ onehot)
+NO_INTS = np.empty(0, dtype=np.int64)
+NO_FLOATS = np.empty(0)
+NO_TABLE = np.zeros((0, 0))
 
 
-def column_label_sums(
-    out: FloatArray,
-    buffer: IntArray,
-    start: IntArray,
-    count: IntArray,
-    known_rows: IntArray,
-    labels: IntArray,
-    e: FloatArray,
-    cols: IntArray,
-) -> None:
-    """out[k, label_l] += e[user_l] over the known l on column cols[k]."""
-    if COMPILED:
-        _column_label_sums(out, buffer, start, count, known_rows, labels, e, cols)
-        return
-    inside = cols < len(start)
-    k = np.flatnonzero(inside)
-    c = cols[inside]
-    owner = np.repeat(k, count[c])
-    from model.ratings import ranges
-
-    _, pos = ranges(start[c], count[c])
-    members = buffer[pos]
-    p = out.shape[1]
-    out += np.bincount(
-        owner * p + labels[members], weights=e[known_rows[members]], minlength=out.size
-    ).reshape(out.shape)
-
-
-def finish(
-    b: FloatArray,
-    vec: FloatArray,
-    cols: IntArray,
-    sums: FloatArray,
-    compat: FloatArray,
+def member_answer(
+    forms: FloatArray,
     scores: FloatArray,
+    cols: IntArray,
+    rated: tuple[Affinity, IntArray, IntArray, float] | None,
+    columns: tuple[LineIndex, IntArray, IntArray, FloatArray] | None,
+    compat: FloatArray,
     gamma: float,
     normalized: bool,
     scale: float,
     prior: float,
 ) -> FloatArray:
-    """`_finish`: the posteriors of the queries from their per-label sums."""
+    """One setting's posteriors (`_member`) from its forms (K, p [+ 1]: b_j . vec[u], the normaliser's last
+    under `normalized`) and the decoder's scores (K, p). `rated`: (the item table, the user's rated items,
+    their labels, lambda_r), None without a row term; `columns`: (the known entries by column, their rows,
+    their labels, e), None without a column term."""
+    p = len(compat)
+    sums = np.zeros((len(cols), p))
+    table, slot, patch_rows = NO_TABLE, NO_INTS, NO_TABLE
+    items, item_labels, co_rating = NO_INTS, NO_INTS, 0.0
+    if rated is not None and len(rated[1]):
+        affinity, items, item_labels, co_rating = rated
+        if isinstance(affinity, DenseAffinity) and COMPILED:
+            table, slot, patch_rows = affinity.table, affinity._slot, affinity.patch_rows
+        else:  # a sparse table (or no compiler): its block, per label
+            block = affinity.block(cols, items)  # (K, rated)
+            onehot = np.zeros((len(items), p))
+            onehot[np.arange(len(items)), item_labels] = 1.0
+            sums += co_rating * (block @ onehot)
+            items = NO_INTS
+    buffer, start, count, known_rows, labels, e = NO_INTS, NO_INTS, NO_INTS, NO_INTS, NO_INTS, NO_FLOATS
+    if columns is not None:
+        index, known_rows, labels, e = columns
+        buffer, start, count = index.buffer, index.start, index.count
     if COMPILED:
-        out: FloatArray = _finish(
-            b, vec, cols, sums, compat, scores, float(gamma), normalized, float(scale), float(prior),
-            float(LOG_FLOOR),
+        out: FloatArray = _member(
+            forms, scores, sums, table, slot, patch_rows, cols, items, item_labels, float(co_rating),
+            buffer, start, count, known_rows, labels, e, compat, float(gamma), normalized, float(scale),
+            float(prior), float(LOG_FLOOR),
         )  # fmt: skip
         return out
-    p = len(compat)
-    forms = np.take(b, cols, axis=0) @ vec.T
+    if len(e):
+        inside = np.flatnonzero(cols < len(start))
+        c = cols[inside]
+        owner, pos = ranges(start[c], count[c])
+        members = buffer[pos]
+        sums += np.bincount(
+            inside[owner] * p + labels[members], weights=e[known_rows[members]], minlength=sums.size
+        ).reshape(sums.shape)
     msg = forms[:, :p] + sums @ compat
     if normalized:
-        total = forms[:, p] + sums.sum(axis=1) + prior
-        msg /= np.maximum(total, 1e-12)[:, None]
+        msg /= np.maximum(forms[:, p] + sums.sum(axis=1) + prior, 1e-12)[:, None]
     else:
         msg *= scale
     z = scores - scores.max(axis=1, keepdims=True)

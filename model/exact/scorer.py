@@ -624,51 +624,70 @@ class ExactScorer:
         result: FloatArray = out
         return result
 
-    def scores(self, user: int, cols: IntArray) -> FloatArray:
-        """The decoder's scores u^T B_l v_j of one user's items (K, p), float64: what `answer` reads (a
-        mean of scorers of one network computes them once for all of its members)."""
+    def vectors(self, user: int) -> FloatArray:
+        """What one user's messages read per item: vec (p [+ 1], D) with forms[k] = b_{cols[k]} . vec, the
+        field's levels (a_user^T G_u) and the same-user term (lambda_u sum over the user's l of C[label_l]
+        b_{j_l}), the normaliser's row last under `normalized` (`answer`)."""
+        f, lines, known = self.field, self.lines, self.known
+        normalized = self.kernel.scaling == "normalized"
+        vec: FloatArray = np.matmul(self.user_lifted[user], f.stacked(normalized))
+        if lines is not None and lines.same_user > 0 and user < known.n_users:
+            assert isinstance(f.t, ClampedRows)  # `answer`: clamped known entries
+            vec = vec + lines.same_user * lines.user_sums(user, f.t, self.item_lifted, normalized)
+        return vec
+
+    def probe(self, user: int) -> FloatArray:
+        """(p, D): b_j . probe[u] |item_emb_j| = the decoder's score u^T B_l v_j (`user_distributions`)."""
         net = self.network
         decoder = np.matmul(net.user_emb[user], net.bilinear)  # (p, d)
-        out: FloatArray = np.asarray(np.take(net.item_emb, cols, axis=0), dtype=np.float64) @ decoder.T
+        out: FloatArray = np.empty((len(decoder), decoder.shape[1] + 1))
+        out[:, 0] = 0.0
+        np.multiply(decoder, np.sqrt(2.0), out=out[:, 1:])
         return out
 
     def answer(
-        self, user: int, cols: IntArray, scores: FloatArray | None = None
+        self,
+        user: int,
+        cols: IntArray,
+        forms: FloatArray | None = None,
+        scores: FloatArray | None = None,
     ) -> tuple[FloatArray, FloatArray | None] | None:
         """`unmixed` of one user's queries (user, cols[k]), fused (model/exact/direct.py): the same numbers
-        to rounding, in float64, without the catalogue-wide work of `row_parts`. None when the known
-        entries are not clamped (their distributions then follow the network: `unmixed` answers)."""
-        f, lines, known = self.field, self.lines, self.known
+        to rounding, in float64, without the catalogue-wide work of `row_parts`. `forms` (K, p [+ 1]):
+        b_{cols[k]} . `vectors(user)`, and `scores` (K, p) the decoder's, when the caller read them (a mean
+        of settings reads every member's in one product). None when the known entries are not clamped
+        (their distributions then follow the network: `unmixed` answers)."""
+        lines, known = self.lines, self.known
         if self.kernel.known != "clamped":
             return None
         cols = np.asarray(cols, dtype=np.int64)
-        normalized = self.kernel.scaling == "normalized"
-        p = len(self.compat)
-        vec = np.matmul(self.user_lifted[user], f.stacked(normalized))  # (p [+ 1], D)
-        sums = np.zeros((len(cols), p))
+        if forms is None or scores is None:
+            vec, probe = self.vectors(user), self.probe(user)
+            read = np.take(self.item_lifted, cols, axis=0) @ np.vstack([vec, probe]).T
+            forms, scores = read[:, : len(vec)], read[:, len(vec) :] * self.network.item_norms[cols][:, None]
+        rated = columns = None
         prior = 0.0
         if lines is not None and lines.active:
-            t = f.t
+            t = self.field.t
             assert isinstance(t, ClampedRows)  # clamped known entries
-            labels = t.labels
-            if lines.same_user > 0 and user < known.n_users:
-                vec = vec + lines.same_user * lines.user_sums(user, t, self.item_lifted, normalized)
             if lines.co_rating > 0 and lines.affinity is not None and user < known.n_users:
                 pos = known.by_row.of(user)
                 items = np.asarray(known.cols[pos], dtype=np.int64)
-                direct.row_label_sums(sums, lines.affinity, cols, items, labels[pos], lines.co_rating)
+                rated = (lines.affinity, items, t.labels[pos], lines.co_rating)
             if lines.column_terms:
-                e = lines.column_weights(user, self.user_lifted)
-                index = known.by_col
-                direct.column_label_sums(
-                    sums, index.buffer, index.start, index.count, known.rows, labels, e, cols
-                )
+                columns = (known.by_col, known.rows, t.labels, lines.column_weights(user, self.user_lifted))
             prior = lines.prior_weight
-        if scores is None:
-            scores = self.scores(user, cols)
-        scale = f.scale if self.kernel.scaling == "scaled" else 1.0
-        dist = direct.finish(
-            self.item_lifted, vec, cols, sums, self.compat, scores, self.crf.gamma, normalized, scale, prior
+        dist = direct.member_answer(
+            np.ascontiguousarray(forms),
+            np.ascontiguousarray(scores),
+            cols,
+            rated,
+            columns,
+            self.compat,
+            self.crf.gamma,
+            self.kernel.scaling == "normalized",
+            self.field.scale if self.kernel.scaling == "scaled" else 1.0,
+            prior,
         )
         if self.biases is None:
             return dist, None

@@ -22,7 +22,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.main import create_app
-from service.scoring import PARTS_ANSWER_ENTRIES
+from service.scoring import FUSED_ANSWER_ENTRIES, PARTS_ANSWER_ENTRIES
 from service.settings import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -54,11 +54,12 @@ def serve_argv(artifacts: Path | str, port: int, workers: int = 1) -> list[str]:
 
 def requests_to_fill(api: App, asked: int) -> int:
     """How many requests of `asked` items a user makes up to the one that computes the user's row (the
-    ski rental of `UserRows.admit`; where rows are made from row parts, an answer costs
-    `PARTS_ANSWER_ENTRIES` more)."""
+    ski rental of `UserRows.admit`: a miss the fused path answers costs `FUSED_ANSWER_ENTRIES` more, one
+    answered from row parts `PARTS_ANSWER_ENTRIES` more, and a row made from parts the latter)."""
     scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
     extra = PARTS_ANSWER_ENTRIES if scorer.rows_from_parts else 0
-    return -(-(scorer.n_items + extra) // (asked + extra))
+    miss = FUSED_ANSWER_ENTRIES if scorer.fused else extra
+    return -(-(scorer.n_items + extra) // (asked + miss))
 
 
 def read_metric(client: httpx.Client | TestClient, name: str, **labels: str) -> float:
