@@ -159,30 +159,31 @@ def script(
 
 
 class Writer:
-    """Single ratings posted at `rate` a second on a fixed schedule (random known users and items), in a
-    thread of this process, while its `with` block runs."""
+    """Single ratings posted at `rate` a second in all on fixed schedules (random known users and items),
+    by WRITER_THREADS threads of this process (a write waits for Redis's fsync: one thread alone falls
+    behind), while its `with` block runs."""
 
     def __init__(
         self, svc: Service, users: list[str], items: list[str], levels: list[Any], rate: float
     ) -> None:
         self.svc, self.users, self.items, self.levels, self.rate = svc, users, items, levels, rate
         self.stopped = threading.Event()
-        self.sent = self.late = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = [0] * WRITER_THREADS
+        self.threads = [
+            threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(WRITER_THREADS)
+        ]
 
-    def _run(self) -> None:
+    def _run(self, k: int) -> None:
         import httpx
 
-        rng = np.random.default_rng(7)
+        rng = np.random.default_rng(7 + k)
+        rate = self.rate / WRITER_THREADS
         with httpx.Client(base_url=self.svc.url, timeout=30) as client:
-            start = time.monotonic()
+            start = time.monotonic() + k / self.rate  # the threads' schedules interleaved
             while not self.stopped.is_set():
-                due = start + self.sent / self.rate
-                wait = due - time.monotonic()
+                wait = start + self.sent[k] / rate - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
-                elif wait < -1.0:
-                    self.late += 1
                 rating = {
                     "user": self.users[rng.integers(len(self.users))],
                     "item": self.items[rng.integers(len(self.items))],
@@ -191,17 +192,22 @@ class Writer:
                 r = client.post("/ratings", json={"ratings": [rating]}, headers=h.AUTH)
                 if r.status_code != 200:
                     raise RuntimeError(f"POST /ratings answered {r.status_code}: {r.text[:300]}")
-                self.sent += 1
+                self.sent[k] += 1
 
     def __enter__(self) -> Writer:
         self.began = time.monotonic()
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopped.set()
-        self.thread.join(30)
-        self.achieved = self.sent / max(time.monotonic() - self.began, 1e-9)
+        for thread in self.threads:
+            thread.join(30)
+        self.achieved = sum(self.sent) / max(time.monotonic() - self.began, 1e-9)
+
+
+WRITER_THREADS = 4
 
 
 def create_online_users(

@@ -21,14 +21,14 @@ same sums run in numpy, slower, with the same results."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from model.exact.affinity import Affinity, DenseAffinity
 from model.exact.posterior import LOG_FLOOR
-from model.ratings import LineIndex, ranges
 from model.types import FloatArray, IntArray
 
 try:  # pragma: no cover - which branch runs depends on the environment
@@ -58,12 +58,6 @@ def _member(
     items: IntArray,
     item_labels: IntArray,
     co_rating: float,
-    buffer: IntArray,
-    start: IntArray,
-    count: IntArray,
-    known_rows: IntArray,
-    labels: IntArray,
-    e: FloatArray,
     compat: FloatArray,
     gamma: float,
     normalized: bool,
@@ -73,10 +67,10 @@ def _member(
 ) -> FloatArray:
     """One setting's posteriors (K, p) of the queries cols[k]: `sums` (K, p) gains the row term's per-label
     sums over the user's rated `items` (a `DenseAffinity`'s shared array, its replaced lines taking
-    precedence: `DenseAffinity.block`; none when `items` is empty) and the column terms' (none when `e` is
-    empty); the message is forms[k, u] + sum_v sums[k, v] C[v, u], over forms[k, p] + sum_v sums[k, v] +
-    prior when `normalized` (else times `scale`); the posterior softmax(max(log_softmax(scores), floor) -
-    gamma msg)."""
+    precedence: `DenseAffinity.block`; none when `items` is empty; the column terms' are in it already:
+    `_label_rows`); the message is forms[k, u] + sum_v sums[k, v] C[v, u], over forms[k, p] + sum_v
+    sums[k, v] + prior when `normalized` (else times `scale`); the posterior softmax(max(log_softmax(
+    scores), floor) - gamma msg)."""
     n_base = table.shape[0]
     k_n, p = scores.shape
     for r in range(len(items)):
@@ -93,15 +87,6 @@ def _member(
             else:
                 w = 0.0
             sums[k, v] += co_rating * w
-    if len(e):
-        n_lines = len(start)
-        for k in range(k_n):
-            c = cols[k]
-            if c < n_lines:
-                at = start[c]
-                for i in range(count[c]):
-                    pos = buffer[at + i]
-                    sums[k, labels[pos]] += e[known_rows[pos]]
     out = np.empty((k_n, p))
     msg = np.empty(p)
     for k in range(k_n):
@@ -140,6 +125,25 @@ def _member(
     return out
 
 
+@_jit
+def _label_rows(
+    sums: FloatArray, indptr: IntArray, indices: IntArray, data: FloatArray, e: FloatArray, cols: IntArray
+) -> None:
+    """sums[k, v] += sum of weight e[user] over the stored (user, weight) of row cols[k] p + v of a
+    by-label matrix (`ColumnMajor`: the known entries of column j labelled v, weights 1, or +-1 in its
+    online changes)."""
+    k_n, p = sums.shape
+    n_rows = len(indptr) - 1
+    for k in range(k_n):
+        for v in range(p):
+            row = cols[k] * p + v
+            if row < n_rows:
+                acc = 0.0
+                for i in range(indptr[row], indptr[row + 1]):
+                    acc += data[i] * e[indices[i]]
+                sums[k, v] += acc
+
+
 NO_INTS = np.empty(0, dtype=np.int64)
 NO_FLOATS = np.empty(0)
 NO_TABLE = np.zeros((0, 0))
@@ -150,7 +154,7 @@ def member_answer(
     scores: FloatArray,
     cols: IntArray,
     rated: tuple[Affinity, IntArray, IntArray, float] | None,
-    columns: tuple[LineIndex, IntArray, IntArray, FloatArray] | None,
+    columns: tuple[Sequence[sp.csr_matrix], FloatArray] | None,
     compat: FloatArray,
     gamma: float,
     normalized: bool,
@@ -159,8 +163,8 @@ def member_answer(
 ) -> FloatArray:
     """One setting's posteriors (`_member`) from its forms (K, p [+ 1]: b_j . vec[u], the normaliser's last
     under `normalized`) and the decoder's scores (K, p). `rated`: (the item table, the user's rated items,
-    their labels, lambda_r), None without a row term; `columns`: (the known entries by column, their rows,
-    their labels, e), None without a column term."""
+    their labels, lambda_r), None without a row term; `columns`: (the by-label matrices of the known
+    entries, `ColumnMajor.by_label` and its online changes, and e), None without a column term."""
     p = len(compat)
     sums = np.zeros((len(cols), p))
     table, slot, patch_rows = NO_TABLE, NO_INTS, NO_TABLE
@@ -175,25 +179,21 @@ def member_answer(
             onehot[np.arange(len(items)), item_labels] = 1.0
             sums += co_rating * (block @ onehot)
             items = NO_INTS
-    buffer, start, count, known_rows, labels, e = NO_INTS, NO_INTS, NO_INTS, NO_INTS, NO_INTS, NO_FLOATS
     if columns is not None:
-        index, known_rows, labels, e = columns
-        buffer, start, count = index.buffer, index.start, index.count
+        matrices, e = columns
+        for matrix in matrices:
+            if COMPILED:
+                _label_rows(sums, matrix.indptr, matrix.indices, matrix.data, e, cols)
+                continue
+            rows = (cols[:, None] * p + np.arange(p)).ravel()
+            inside = np.flatnonzero(rows < matrix.shape[0])
+            sums.ravel()[inside] += matrix[rows[inside]] @ e[: matrix.shape[1]]
     if COMPILED:
         out: FloatArray = _member(
             forms, scores, sums, table, slot, patch_rows, cols, items, item_labels, float(co_rating),
-            buffer, start, count, known_rows, labels, e, compat, float(gamma), normalized, float(scale),
-            float(prior), float(LOG_FLOOR),
+            compat, float(gamma), normalized, float(scale), float(prior), float(LOG_FLOOR),
         )  # fmt: skip
         return out
-    if len(e):
-        inside = np.flatnonzero(cols < len(start))
-        c = cols[inside]
-        owner, pos = ranges(start[c], count[c])
-        members = buffer[pos]
-        sums += np.bincount(
-            inside[owner] * p + labels[members], weights=e[known_rows[members]], minlength=sums.size
-        ).reshape(sums.shape)
     msg = forms[:, :p] + sums @ compat
     if normalized:
         msg /= np.maximum(forms[:, p] + sums.sum(axis=1) + prior, 1e-12)[:, None]

@@ -674,8 +674,12 @@ class ExactScorer:
                 pos = known.by_row.of(user)
                 items = np.asarray(known.cols[pos], dtype=np.int64)
                 rated = (lines.affinity, items, t.labels[pos], lines.co_rating)
-            if lines.column_terms:
-                columns = (known.by_col, known.rows, t.labels, lines.column_weights(user, self.user_lifted))
+            by_label = self.field.columns
+            if lines.column_terms and by_label is not None and by_label.by_label is not None:
+                matrices = (by_label.by_label, *by_label.changes)
+                columns = (matrices, lines.column_weights(user, self.user_lifted))
+            elif lines.column_terms:  # (a clamped field always has its by-label form: `with_columns`)
+                raise ValueError("a clamped field's column terms need its by-label form")
             prior = lines.prior_weight
         dist = direct.member_answer(
             np.ascontiguousarray(forms),
