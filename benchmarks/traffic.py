@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,19 @@ def create_online_users(
     return names
 
 
+def hits(svc: Service) -> float:
+    """Requests answered from a cached row so far (fresh and stale, /metrics)."""
+    return sum(svc.metric(f'dcmc_user_rows_total{{event="{e}"}}') for e in ("hit", "stale_hit"))
+
+
+def measured(svc: Service, run: Any) -> dict[str, Any]:
+    """`run()`'s wrk figures with the share of its requests answered from a cached row."""
+    before = hits(svc)
+    out: dict[str, Any] = run()
+    out["row_hits"] = (hits(svc) - before) / max(out["requests"], 1)
+    return out
+
+
 def run_kind(
     args: argparse.Namespace,
     redis_url: str,
@@ -253,15 +267,16 @@ def run_kind(
                 writer.__enter__()
             try:
                 if phase == "first":
-                    out["cold@1"] = limited_wrk(svc.url, route, 1, scripts[f"{kind}-cold1"])
-                    out["warm@1"] = h.wrk(
-                        svc.url, route, 1, args.duration, scripts[f"{kind}-warm"], strict=True
-                    )
-                    out["warm@32"] = h.wrk(
-                        svc.url, route, 32, args.duration, scripts[f"{kind}-warm"], strict=True
-                    )
+                    warm = scripts[f"{kind}-warm"]
+                    cold = partial(limited_wrk, svc.url, route, 1, scripts[f"{kind}-cold1"])
+                    out["cold@1"] = measured(svc, cold)
+                    for c in (1, 32):
+                        run = partial(h.wrk, svc.url, route, c, args.duration, warm, strict=True)
+                        out[f"warm@{c}"] = measured(svc, run)
                 else:
-                    out["cold@32"] = limited_wrk(svc.url, route, 32, scripts[f"{kind}-cold32"])
+                    out["cold@32"] = measured(
+                        svc, partial(limited_wrk, svc.url, route, 32, scripts[f"{kind}-cold32"])
+                    )
             finally:
                 if writer is not None:
                     writer.__exit__()
@@ -329,17 +344,20 @@ def report(record: dict[str, Any]) -> str:
         "",
         *h.table(
             "| traffic | load | cold p50 / p99 ms (1) | vs floor | warm p50 / p99 ms (1) | vs floor "
-            "| cold req/s (32) | share | warm req/s (32) | share | worker RSS MB | writes/s achieved |"
+            "| cold req/s (32) | share | warm req/s (32) | share | from a cached row (c1 / w1 / c32 / w32) "
+            "| worker RSS MB | writes/s achieved |"
         ),
     ]
     for key, runs in record["runs"].items():
         kind, load = key.split("/")
         c1, w1, c32, w32 = runs["cold@1"], runs["warm@1"], runs["cold@32"], runs["warm@32"]
         x = r[key]
+        cached = " / ".join(f"{run.get('row_hits', 0):.0%}" for run in (c1, w1, c32, w32))
         lines.append(
             f"| {kind} | {load} | {c1['p50_ms']:.2f} / {c1['p99_ms']:.2f} | {x['cold_p50']:.2f}x | "
             f"{w1['p50_ms']:.2f} / {w1['p99_ms']:.2f} | {x['warm_p50']:.2f}x | {c32['rps']:,.0f} | "
             f"{x['cold_rps']:.0%} | {w32['rps']:,.0f} | {x['warm_rps']:.0%} | "
+            f"{cached} | "
             f"{' / '.join(f'{v:.0f}' for v in runs['rss_mb'])} | "
             f"{' / '.join(str(v) for v in runs.get('writes_per_s', [])) or '-'} |"
         )
