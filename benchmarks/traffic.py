@@ -72,16 +72,6 @@ end
 """With a limit, each wrk thread stops after that many answers and leaves a marker file (`limited_wrk`
 then ends wrk: a stopped thread does not end wrk's run)."""
 
-PREDICT_LUA = """
-local bodies = {%s}
-local n = 0
-request = function()
-  n = n + 1
-  return wrk.format("POST", "/predict", {["Content-Type"] = "application/json"}, bodies[(n %% #bodies) + 1])
-end
-"""
-"""POST /predict over the bodies in order."""
-
 RECOMMEND_LUA = """
 local paths = {%s}
 local n = 0
@@ -152,7 +142,7 @@ def script(
             )
             for u in who
         )
-        text = PREDICT_LUA % h.lua_list(bodies)
+        text = h.PREDICT_LUA % h.lua_list(bodies)
     path = directory / f"{name}.lua"
     # The response hook costs wrk a little per answer (against the service, not the floor): cold runs only.
     path.write_text(text + (STOP_LUA % {"limit": limit, "marker": f"{path}.done"} if limit > 0 else ""))

@@ -195,15 +195,19 @@ class MeanScorer:
     def from_parts(self, parts: RowParts, cols: IntArray) -> tuple[FloatArray, FloatArray | None]:
         """`unmixed` from each member's parts: the mean of the members' mixed distributions."""
         assert isinstance(parts, MeanParts)
+        answers = [m.from_parts(own, cols) for m, own in zip(self.members, parts.members, strict=True)]
+        return self._mean(answers), None
+
+    def _mean(self, answers: Sequence[tuple[FloatArray, FloatArray | None]]) -> FloatArray:
+        """The mean of the members' (distributions, baseline) answers, each mixed with its baseline."""
         out: FloatArray | None = None
-        for member, own in zip(self.members, parts.members, strict=True):
-            dist, baseline = member.from_parts(own, cols)
+        for member, (dist, baseline) in zip(self.members, answers, strict=True):
             if baseline is not None:
                 dist = baseline_mixture(dist, baseline, self.levels, member.baseline_weight)
             out = dist if out is None else out + dist
         assert out is not None
         out /= len(self.members)
-        return out, None
+        return out
 
     def answer(self, user: int, cols: IntArray) -> tuple[FloatArray, FloatArray | None] | None:
         """`unmixed` by each member's fused path: every member's item products and the decoder's scores
@@ -217,19 +221,14 @@ class MeanScorer:
         vectors = [m.vectors(user) for m in exact]
         read = np.take(first.item_lifted, cols, axis=0) @ np.vstack([*vectors, first.probe(user)]).T
         scores = read[:, -len(first.compat) :] * first.network.item_norms[cols][:, None]
-        out: FloatArray | None = None
+        answers = []
         at = 0
         for member, vec in zip(exact, vectors, strict=True):
             answered = member.answer(user, cols, read[:, at : at + len(vec)], scores)
             at += len(vec)
             assert answered is not None  # clamped known entries
-            dist, baseline = answered
-            if baseline is not None:
-                dist = baseline_mixture(dist, baseline, self.levels, member.baseline_weight)
-            out = dist if out is None else out + dist
-        assert out is not None
-        out /= len(self.members)
-        return out, None
+            answers.append(answered)
+        return self._mean(answers), None
 
     def updated(
         self,
