@@ -19,6 +19,8 @@ An artifact is a directory of plain files (no pickles):
     weights.pt           torch state dict (load with weights_only=True)
     row_branch.onnx, col_branch.onnx, decoder.onnx   (when exported)
     metrics.json         training metrics
+    items.jsonl          the item catalogue, one JSON record per line (model/catalogue.py), where the
+                         training was given one (`dcmc train --items`, or MovieLens-100K's u.item)
     known_field.npz      the converged `exact` field of the known entries for the artifact's inference
                          settings over all known ratings (trained on and held out): g (p, d+1, d+1),
                          h (d+1, d+1) and, with line terms, t (N, p)
@@ -51,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from model.catalogue import CATALOGUE, ItemRecord, load_catalogue
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.ids import IdMap
 from model.ratings import Ratings
@@ -296,6 +299,8 @@ class Artifact:
     known_field: StoredField | None = None
     baseline: StoredBiases | None = None
     """The bias baseline's fit to the known ratings (`BASELINE`), where the artifact holds one."""
+    catalogue: dict[str, ItemRecord] | None = None
+    """The items' records (`CATALOGUE`, model/catalogue.py), where the training was given them."""
     averaged: tuple[InferenceConfig, ...] = ()
     """The settings of the training's other searches (`TrainConfig.searches`), whose final distributions
     are averaged with `inference`'s (config.json `inference_averaged`); none for a single setting."""
@@ -494,11 +499,12 @@ def load_artifact(directory: str | Path) -> Artifact:
         if KNOWN_FIELD in files:
             field = _load_known_field(files, model_config, len(train) + len(held_out))
         baseline = _load_baseline(files, model_config)
+        catalogue = load_catalogue(files.path(CATALOGUE)) if CATALOGUE in files else None
     except OSError as exc:  # a file gone since it was verified: the directory is being replaced
         raise ArtifactUnavailable(
             f"{directory}: cannot read artifact: {exc}", "a file went missing"
         ) from None
-    except (KeyError, ValueError, ConfigError) as exc:
+    except (KeyError, ValueError, ConfigError) as exc:  # CatalogueError is a ValueError
         raise ArtifactError(f"{directory}: cannot read artifact: {exc}", "invalid contents") from None
     d, p = model_config.embedding_dim, model_config.n_levels
     expected = {
@@ -531,6 +537,7 @@ def load_artifact(directory: str | Path) -> Artifact:
         bilinear=bilinear,
         known_field=field,
         baseline=baseline,
+        catalogue=catalogue,
         averaged=averaged,
     )
 

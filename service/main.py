@@ -21,7 +21,7 @@ from service.fastpath import FastPath
 from service.memory import tune_allocator
 from service.metrics import Metrics, MetricsMiddleware
 from service.reload import Reloader
-from service.routes import ops, predict, ratings, recommend, similar
+from service.routes import items, ops, predict, ratings, recommend, similar
 from service.scoring import ServedModel
 from service.settings import Settings, get_settings
 
@@ -103,6 +103,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(predict.router, max_body_size=limit)
     app.include_router(recommend.router)
     app.include_router(similar.router)
+    app.include_router(items.router)
     app.include_router(ratings.router, max_body_size=limit)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(FastPath, state=app.state)

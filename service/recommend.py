@@ -89,27 +89,39 @@ def recommend(
     exclude: np.ndarray | None,
     state: OnlineState | None = None,
     exact: bool = False,
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(items, scores, fallback): the user's top k by predicted rating among the candidates, or, for a
-    user the scorer does not know or one with no ratings, the top k by shrunk mean rating (fallback), in
-    `state` (default: now; `allow`, `exclude`: indices valid in it); `exact`: not from a cached row of an
-    earlier state (`ServedModel.predict`)."""
+    selected: np.ndarray | None = None,
+    strict: bool = True,
+) -> tuple[np.ndarray, np.ndarray, bool, np.ndarray]:
+    """(items, scores, fallback, outside): the user's top k by predicted rating among the candidates, or,
+    for a user the scorer does not know or one with no ratings, the top k by shrunk mean rating
+    (fallback), in `state` (default: now; `allow`, `exclude`: indices valid in it); `exact`: not from a
+    cached row of an earlier state (`ServedModel.predict`).
+
+    Candidates are the items not rated, allowed, not excluded and not hidden (the catalogue's); with
+    `selected` ((n_items,) bool: a filter's items) only those, and when fewer than k pass and not
+    `strict`, the list is filled with the best of the rest, `outside` (K,) bool saying which."""
     state = state or scorer.state  # one model state for the whole answer
     try:
         user = scorer.user_index(user_id, state)
     except UnknownIdError:
         user = None
     rated = scorer.rated_items(user, state) if user is not None else np.empty(0, dtype=np.int64)
-    if user is None or len(rated) == 0:
-        scores = popular_scores(scorer, state)
-        best = top_k(scores, candidate_mask(len(scores), rated, allow, exclude), k)
-        return best, scores[best], True
+    fallback = user is None or len(rated) == 0
+    scores = popular_scores(scorer, state) if fallback else np.empty(0)
     n_items = state.known.n_items  # the artifact's items, then those first rated online
     mask = candidate_mask(n_items, rated, allow, exclude)
+    mask &= scorer.catalogue_index(state).visible
+    wanted = mask if selected is None else mask & selected
     if not mask.any():
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), False
-    # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
-    # that share a block, so a rating must not depend on which other items were asked for.
-    ratings = scorer.row(user, state, exact)
-    best = top_k(ratings, mask, k)
-    return best, ratings[best], False
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), fallback, np.empty(0, dtype=bool)
+    if user is not None and not fallback:
+        # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
+        # that share a block, so a rating must not depend on which other items were asked for.
+        scores = scorer.row(user, state, exact)
+    best = top_k(scores, wanted, k)
+    outside = np.zeros(len(best), dtype=bool)
+    if not strict and selected is not None and len(best) < k:
+        rest = top_k(scores, mask & ~selected, k - len(best))
+        best = np.concatenate([best, rest])
+        outside = np.concatenate([outside, np.ones(len(rest), dtype=bool)])
+    return best, scores[best], fallback, outside

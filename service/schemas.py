@@ -175,6 +175,10 @@ class SimilarItemsResponse(BaseModel):
 
     item: str
     model_version: str
+    filter_notes: list[str] | None = Field(
+        default=None,
+        description="Clauses of the filter that match nothing because no item has what they name",
+    )
     similar: list[SimilarItem]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import redis
 
 from model.artifact import Artifact
+from model.catalogue import ItemRecord
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
 from model.exact import RowParts, baseline_mixture, level_distribution
@@ -29,6 +30,7 @@ from model.ratings import Ratings
 from model.scorers import check_inference
 from model.stream import Entry, Poison, off_levels
 from model.types import Array
+from service.catalogue import CatalogueIndex
 from service.memory import release_memory
 from service.metrics import Metrics
 from service.online import Durability, NotDurable, RatingLog
@@ -192,6 +194,7 @@ class ServedModel:
         self._pending_items: set[str] = set()
         self._pending_lock = threading.Lock()
         self._durability_checked = 0.0
+        self._catalogue: CatalogueIndex | None = None
         self.ratings: RatingLog | None = None
         self.replica: Replica | None = None
         self.durability = Durability(False, "no Redis configured (REDIS_URL): online ratings are off")
@@ -399,6 +402,21 @@ class ServedModel:
     def item_id(self, index: int) -> str:
         """The external id of an item index."""
         return self.fold.item_id(index)
+
+    @property
+    def catalogue(self) -> Mapping[str, ItemRecord]:
+        """The items' records (the artifact's; empty where it has none)."""
+        return self.artifact.catalogue or {}
+
+    def catalogue_index(self, state: OnlineState | None = None) -> CatalogueIndex:
+        """The catalogue over the items of `state` (default: now), made once per number of items (an
+        index's id never changes: states only grow)."""
+        n = (state or self.fold.state).known.n_items
+        held = self._catalogue
+        if held is None or held.n_items != n:
+            held = CatalogueIndex(self.catalogue, n, self.item_id)
+            self._catalogue = held
+        return held
 
     @property
     def state(self) -> OnlineState:
@@ -664,6 +682,18 @@ class ServedModel:
         state = self.fold.state
         return nearest(state.network.user_lifted, user, k, sorted(state.forgotten))
 
-    def similar_items(self, item: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k items with the highest scaled cosine s_c = (1 + cos) / 2 to `item`, best first."""
-        return nearest(self.fold.state.network.item_lifted, item, k)
+    def similar_items(
+        self, item: int, k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k items with the highest scaled cosine s_c = (1 + cos) / 2 to `item`, best first; only
+        `allowed` ones ((n_items,) bool) where given."""
+        lifted = self.fold.state.network.item_lifted
+        if allowed is None:
+            return nearest(lifted, item, k)
+        scores = lifted @ lifted[item]
+        mask = np.zeros(len(scores), dtype=bool)
+        n = min(len(scores), len(allowed))
+        mask[:n] = allowed[:n]
+        mask[item] = False
+        top = top_k(scores, mask, k)
+        return top, scores[top]

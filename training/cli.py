@@ -80,6 +80,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             tune_timeout=args.tune_timeout,
             online_ratings=online_ratings,
             online_prefix=args.online_prefix,
+            items=args.items,
         )
         if distributed:  # tear gloo down together: a rank that left while rank 0 still exported aborted
             dist.barrier()  # at exit now and then ("terminate called without an active exception", SIGABRT)
@@ -338,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="u1 (the standard split; ml-100k also u2..u5), random (75/5/20), or resample (ml-100k and the "
         "Monti datasets: the pooled ratings re-split with the standard test size; --split-seed) (default u1)",
     )
+    t.add_argument(
+        "--items",
+        help="item catalogue to keep in the artifact: CSV (item, title, categories as a|b, hidden, other "
+        "columns as attributes) or JSON lines; MovieLens-100K reads its own u.item without it",
+    )
     t.add_argument("--split-seed", type=int, default=0, help="seed of random train/val/test splits")
     t.add_argument("--preset", default="default", choices=("default", "paper", "tiny"))
     t.add_argument("--epochs", type=int, help="override the preset's number of epochs")
@@ -509,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _cmd_serve(args)
     from model.artifact import ArtifactError
+    from model.catalogue import CatalogueError
     from model.config import ConfigError
     from model.exact.explain import CannotExplain
     from model.ids import UnknownIdError
@@ -525,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         TrainingError,
         ExportError,
         CannotExplain,
+        CatalogueError,
     ) as exc:
         print(f"dcmc {args.command}: error: {exc}", file=sys.stderr)
         return 2

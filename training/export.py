@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from model.artifact import HELD_OUT, StoredBiases, artifact_writer, save_baseline, save_known_field
+from model.catalogue import ItemRecord, write_catalogue
 from model.config import InferenceConfig, ModelConfig
 from model.engine import Network, OnnxNetwork
 from model.exact import BiasModel, ExactScorer
@@ -161,6 +162,7 @@ def write_artifact(
     dataset: dict[str, Any],
     metrics: dict[str, Any],
     known_field: bool = True,
+    catalogue: dict[str, ItemRecord] | None = None,
     finish: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> Path:
     """Write a complete artifact directory atomically; returns its path.
@@ -213,6 +215,8 @@ def write_artifact(
         export_onnx(model, tmp)
         metrics = {**metrics, "onnx_parity_max_abs_diff": check_parity(model, matrix, tmp)}
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        if catalogue is not None:
+            write_catalogue(tmp, catalogue)
         if finish is not None:
             finish(tmp, config)
             (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -15,6 +15,7 @@ import numpy as np
 import torch.distributed as dist
 
 from model.artifact import AVERAGED, load_artifact, load_staged
+from model.catalogue import ItemRecord, read_items, read_movielens_items
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.network import DCMC
 from model.ratings import Ratings
@@ -69,6 +70,7 @@ class _Run:
     resume: bool
     progress: bool
     rank0: bool
+    catalogue: dict[str, ItemRecord] | None = None
 
     def fit(
         self,
@@ -156,6 +158,7 @@ def run_training(
     tune_timeout: float | None = None,
     online_ratings: str | None = None,
     online_prefix: str = "dcmc",
+    items: str | Path | None = None,
 ) -> dict[str, Any]:
     """Load data, train, and (on rank 0) write the artifact; returns the training metrics.
 
@@ -163,7 +166,10 @@ def run_training(
     entries (training/tune.py) unless `tune` is False or inference settings were given (`settings`
     `inference.*`: an explicit choice is kept); untuned, the artifact serves training.tune.START.
     `online_ratings`: a Redis URL whose stream `<online_prefix>:ratings` (the service's online ratings)
-    adds training ratings (training/online.py); the artifact records how far it was read."""
+    adds training ratings (training/online.py); the artifact records how far it was read. `items`: a
+    catalogue file (model/catalogue.py `read_items`) the artifact keeps; for MovieLens-100K without one,
+    its own u.item when the data directory has it."""
+    catalogue = _catalogue(dataset, data_dir, items)  # read first: a bad file fails before the training
     chosen = preset(dataset, preset_name)
     model_over, train_over, inference_over = split_overrides(settings or {})
     if epochs is not None:
@@ -236,7 +242,14 @@ def run_training(
     out = Path(out)
     ckpt = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{out.name}.ckpt"
     rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-    run = _Run(data, model_cfg, train_cfg, preset_name, dataset_record, ckpt, resume, progress, rank0)
+    run = _Run(
+        data, model_cfg, train_cfg, preset_name, dataset_record, ckpt, resume, progress, rank0, catalogue
+    )
+    if catalogue is not None:
+        rated = set(data.item_ids)
+        both = sum(1 for x in catalogue if x in rated)
+        log.info("catalogue: %d items, %d of them rated; %d rated items have no record", len(catalogue),
+                 both, len(rated) - both)  # fmt: skip
     t0 = time.perf_counter()
     model, matrix, history = run.fit(train_cfg, train_entries, val_entries)
     seconds = time.perf_counter() - t0
@@ -290,6 +303,7 @@ def run_training(
             dataset=dataset_record,
             metrics=metrics,
             known_field=not searched,
+            catalogue=catalogue,
             finish=finish,
         )
     if carves:
@@ -303,6 +317,15 @@ def run_training(
         assert val_entries is not None
         metrics = _refit(run, out, first, Entries.concat([train_entries, val_entries]), metrics, searches)
     return metrics
+
+
+def _catalogue(dataset: str, data_dir: str | Path, items: str | Path | None) -> dict[str, ItemRecord] | None:
+    """The catalogue the artifact keeps: `items`, else MovieLens-100K's u.item where the data has it."""
+    if items is not None:
+        return read_items(items)
+    if dataset == "ml-100k":
+        return read_movielens_items(data_dir)
+    return None
 
 
 def _search_more(
@@ -403,6 +426,7 @@ def _refit(
         train_config=run.train_record(again),  # again.refit: True
         dataset=run.dataset_record,
         metrics=metrics,
+        catalogue=run.catalogue,
         finish=finish,
     )
     shutil.rmtree(carve, ignore_errors=True)

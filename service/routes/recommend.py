@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
 import orjson
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
 from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
 from model.online import OnlineState
 from service.auth import holds_write_token, require_read
+from service.catalogue import Filter, check_shape, short_filter
 from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
-from service.errors import check_k, invalid, unknown_ids
+from service.errors import invalid, unknown_ids
 from service.recommend import POPULAR_REASON, POPULAR_SHRINKAGE, recommend, split_ids
-from service.schemas import Explanation
+from service.schemas import MAX_ID_LENGTH, Explanation
 from service.scoring import ServedModel
+from service.settings import Settings
 
 router = APIRouter(tags=["recommendations"])
 
@@ -32,6 +35,9 @@ class Recommendation(BaseModel):
         description="Predicted rating; with `fallback: popular`, the item's shrunk mean rating instead."
     )
     explanation: Explanation | None = Field(default=None, description="With `explain=true`.")
+    outside_filter: bool | None = Field(
+        default=None, description="true: does not pass the filter, added to fill the list (`strict: false`)"
+    )
 
 
 class RecommendResponse(BaseModel):
@@ -44,6 +50,10 @@ class RecommendResponse(BaseModel):
         default=None,
         description="`popular` when the user is unknown or has no ratings: items ranked by shrunk mean "
         f"rating (sum + s * mu) / (n + s), mu the global mean, s = {POPULAR_SHRINKAGE:g}; absent otherwise.",
+    )
+    filter_notes: list[str] | None = Field(
+        default=None,
+        description="Clauses of the filter that match nothing because no item has what they name",
     )
     recommendations: list[Recommendation]
 
@@ -94,6 +104,13 @@ async def recommend_items(
     exclude: Annotated[
         str | None, Query(description="Removed from the candidates. " + _ID_LIST.format(name="exclude"))
     ] = None,
+    category: Annotated[
+        str | None,
+        Query(description="Only items with one of these categories (comma-separated: `Drama,Comedy`)"),
+    ] = None,
+    exclude_category: Annotated[
+        str | None, Query(description="No items with any of these categories (comma-separated)")
+    ] = None,
     after: After = None,
     explain: Annotated[
         bool,
@@ -110,43 +127,129 @@ async def recommend_items(
     `items` and `exclude` each take one comma-separated list of item ids (`?items=i1,i2&exclude=i2`).
     Ratings are predicted for every item in one call, so they do not depend on `items` or `exclude`.
     A user the service does not know, or one with no ratings, gets the items with the best shrunk mean
-    rating instead (same exclusions), marked `"fallback": "popular"`.
+    rating instead (same exclusions and filter), marked `"fallback": "popular"`. Hidden items (the
+    catalogue's) are never recommended; `category` and `exclude_category` filter by category (POST
+    /recommend takes any filter).
     """
-    require_read(settings, authorization)
-    check_k(k, settings)
-    await wait_applied(scorer, after, settings.read_after_timeout_s)
     allow_ids, exclude_ids = _ids(request, "items"), _ids(request, "exclude")
     if allow_ids is not None and not allow_ids:
         raise invalid(["query", "items"], "too_short", "items lists no item ids")
+    chosen = short_filter(_ids(request, "category"), _ids(request, "exclude_category"))
+    query = Asked(user_id, k, allow_ids, exclude_ids, chosen, True, explain, ["query"])
+    return await _recommend(scorer, settings, query, after, authorization)
+
+
+class RecommendRequest(BaseModel):
+    """POST /recommend: GET /recommend/{user}'s query with the full filter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_LENGTH)]
+    k: int = Field(default=10, description="How many items to return (1..DCMC_MAX_K)")
+    items: list[str] | None = Field(default=None, min_length=1, description="Allow-list: only these")
+    exclude: list[str] | None = Field(default=None, description="Removed from the candidates")
+    filter: Filter | None = Field(
+        default=None,
+        description="Only items it holds for (service/catalogue.py: category, eq, in, range, "
+        "exists, all, any, not); hidden items are never recommended",
+    )
+    strict: bool = Field(
+        default=True,
+        description="false: when fewer than k items pass the filter, fill the list with the best others, "
+        "each marked `outside_filter`",
+    )
+    explain: bool = False
+
+
+@router.post(
+    "/recommend",
+    response_model=RecommendResponse,
+    response_model_exclude_none=True,
+    responses={
+        401: {"description": "DCMC_READ_TOKEN is set and the request does not carry it"},
+        404: {"description": "Unknown item ids in `items` or `exclude` (all listed in `unknown_items`)"},
+        422: {"description": "k out of range; a bad filter (the error names the part)"},
+        503: {"description": "The model is loading, or `after` was not applied in time (see Retry-After)"},
+    },
+)
+async def recommend_post(
+    body: RecommendRequest,
+    scorer: ScorerDep,
+    settings: SettingsDep,
+    after: After = None,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Response:
+    """GET /recommend/{user}, the query in the body, with a full filter: for example
+    `{"user": "7", "k": 10, "filter": {"op": "all", "of": [{"op": "category", "any_of": ["Comedy"]},
+    {"op": "range", "attribute": "year", "gte": 1990, "lt": 2000}]}}`."""
+    if body.filter is not None:
+        check_shape(body.filter, ["body", "filter"])
+    query = Asked(
+        body.user, body.k, body.items, body.exclude, body.filter, body.strict, body.explain, ["body"]
+    )
+    return await _recommend(scorer, settings, query, after, authorization)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What both routes ask: the user, k, the allow and exclude lists, the filter, strictness, explain,
+    and where in the request they came from (errors name it)."""
+
+    user: str
+    k: int
+    allow: list[str] | None
+    exclude: list[str] | None
+    filter: Filter | None
+    strict: bool
+    explain: bool
+    loc: list[str | int]
+
+
+async def _recommend(
+    scorer: ServedModel, settings: Settings, q: Asked, after: str | None, authorization: str | None
+) -> Response:
+    require_read(settings, authorization)
+    if not 1 <= q.k <= settings.max_k:
+        msg = f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {q.k}"
+        raise invalid([*q.loc, "k"], "out_of_range", msg)
+    await wait_applied(scorer, after, settings.read_after_timeout_s)
     try:
-        scorer.item_indices((allow_ids or []) + (exclude_ids or []))  # one 404 listing every unknown id
+        scorer.item_indices((q.allow or []) + (q.exclude or []))  # one 404 listing every unknown id
     except UnknownIdError as exc:
         raise unknown_ids(exc) from None
-    allow = scorer.item_indices(allow_ids) if allow_ids is not None else None
-    excluded = scorer.item_indices(exclude_ids) if exclude_ids is not None else None
+    allow = scorer.item_indices(q.allow) if q.allow is not None else None
+    excluded = scorer.item_indices(q.exclude) if q.exclude is not None else None
     state = scorer.state  # one model state for the ranking and its explanations
-    exact = after is not None or explain  # of the newest state, not from an earlier state's row
+    selected: np.ndarray | None = None
+    notes: list[str] = []
+    if q.filter is not None:
+        selected, notes = scorer.catalogue_index(state).select(q.filter, [*q.loc, "filter"])
+    exact = after is not None or q.explain  # of the newest state, not from an earlier state's row
+    args = (scorer, q.user, q.k, allow, excluded, state, exact, selected, q.strict)
     if scorer.blocking:  # tens of ms of numpy: keep the event loop free
-        best, scores, fallback = await run_in_threadpool(
-            recommend, scorer, user_id, k, allow, excluded, state, exact
-        )
+        best, scores, fallback, outside = await run_in_threadpool(recommend, *args)
     else:
-        best, scores, fallback = recommend(scorer, user_id, k, allow, excluded, state, exact)
+        best, scores, fallback, outside = recommend(*args)
     # Serialised here rather than through RecommendResponse (which documents the shape in OpenAPI), as
     # POST /predict does.
     payload: dict[str, object] = {
-        "user": user_id,
+        "user": q.user,
         "model_version": scorer.version,
         "inference": scorer.inference.mode,
     }
     if fallback:
         payload["fallback"] = "popular"
+    if notes:
+        payload["filter_notes"] = notes
     recommendations: list[dict[str, object]] = [
         {"item": scorer.item_id(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
     ]
-    if explain:  # off the event loop: tens of milliseconds
+    for rec, out in zip(recommendations, outside.tolist(), strict=True):
+        if out:
+            rec["outside_filter"] = True
+    if q.explain:  # off the event loop: tens of milliseconds
         reveal = holds_write_token(settings, authorization)
-        whys = await run_in_threadpool(_explanations, scorer, state, user_id, best, fallback, reveal)
+        whys = await run_in_threadpool(_explanations, scorer, state, q.user, best, fallback, reveal, q.loc)
         for rec, why in zip(recommendations, whys, strict=True):
             rec["explanation"] = why
     payload["recommendations"] = recommendations
@@ -154,7 +257,13 @@ async def recommend_items(
 
 
 def _explanations(
-    scorer: ServedModel, state: OnlineState, user_id: str, best: np.ndarray, fallback: bool, reveal: bool
+    scorer: ServedModel,
+    state: OnlineState,
+    user_id: str,
+    best: np.ndarray,
+    fallback: bool,
+    reveal: bool,
+    loc: list[str | int],
 ) -> list[dict[str, Any]]:
     """`ServedModel.explain` of the recommended items (422 where the mode cannot explain), or, for the
     popular list, a reason each."""
@@ -165,4 +274,4 @@ def _explanations(
         user = scorer.user_index(user_id, state)
         return scorer.explain(user, best, scorer.settings.explain_k, state, reveal)
     except CannotExplain as exc:
-        raise invalid(["query", "explain"], "cannot_explain", str(exc)) from None
+        raise invalid([*loc, "explain"], "cannot_explain", str(exc)) from None

@@ -9,8 +9,10 @@ from fastapi import APIRouter, Header, Path, Query
 
 from model.ids import UnknownIdError
 from service.auth import require_read
+from service.catalogue import short_filter
 from service.deps import ScorerDep, SettingsDep
 from service.errors import check_k, unknown_ids
+from service.recommend import split_ids
 from service.schemas import (
     MAX_ID_LENGTH,
     SimilarItem,
@@ -63,6 +65,7 @@ def similar_users(
     "/similar-items/{item_id:path}",
     tags=["items"],
     response_model=SimilarItemsResponse,
+    response_model_exclude_none=True,
     responses={
         401: {"description": "DCMC_READ_TOKEN is set and the request does not carry it"},
         404: {"description": "Unknown item id"},
@@ -74,16 +77,30 @@ def similar_items(
     scorer: ScorerDep,
     settings: SettingsDep,
     k: K = 10,
+    category: Annotated[
+        str | None, Query(description="Only items with one of these categories (comma-separated)")
+    ] = None,
+    exclude_category: Annotated[
+        str | None, Query(description="No items with any of these categories (comma-separated)")
+    ] = None,
     authorization: Annotated[str | None, Header()] = None,
 ) -> SimilarItemsResponse:
-    """The k other items with the highest scaled cosine s_c of their embeddings, most similar first."""
+    """The k other items with the highest scaled cosine s_c of their embeddings, most similar first;
+    never a hidden item (the catalogue's), and only those of `category`, none of `exclude_category`."""
     require_read(settings, authorization)
     check_k(k, settings)
     try:
         index = int(scorer.item_indices([item_id])[0])  # the artifact's items and those that arrived online
     except UnknownIdError as exc:
         raise unknown_ids(exc) from None
-    found, scores = scorer.similar_items(index, k)
+    catalogue = scorer.catalogue_index()
+    allowed = catalogue.visible
+    notes: list[str] = []
+    chosen = short_filter(split_ids(category), split_ids(exclude_category))
+    if chosen is not None:
+        selected, notes = catalogue.select(chosen, ["query"])
+        allowed = allowed & selected
+    found, scores = scorer.similar_items(index, k, allowed)
     return SimilarItemsResponse(
         item=item_id,
         model_version=scorer.version,
@@ -91,4 +108,5 @@ def similar_items(
             SimilarItem(item=scorer.item_id(int(i)), score=float(s))
             for i, s in zip(found, scores, strict=True)
         ],
+        filter_notes=notes or None,
     )

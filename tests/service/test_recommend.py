@@ -223,13 +223,22 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
         "k",
         "items",
         "exclude",
+        "category",
+        "exclude_category",
         "after",
         "explain",
         "authorization",
     }
     assert "comma-separated" in op["description"]
     schema = spec["components"]["schemas"]["RecommendResponse"]
-    assert set(schema["properties"]) == {"user", "model_version", "inference", "fallback", "recommendations"}
+    assert set(schema["properties"]) == {
+        "user",
+        "model_version",
+        "inference",
+        "fallback",
+        "filter_notes",
+        "recommendations",
+    }
 
 
 def test_top_k_equals_a_full_sort_with_ties_by_index() -> None:
