@@ -133,25 +133,50 @@ def _children(clause: BaseModel) -> list[tuple[list[str | int], BaseModel]]:
     return []
 
 
-def check_shape(clause: BaseModel, loc: list[str | int]) -> None:
-    """422 naming the part of the filter at `loc` that is too deep, over MAX_CLAUSES, or a range without
-    bounds."""
+def shape_problem(clause: BaseModel, loc: list[str | int]) -> tuple[list[str | int], str, str] | None:
+    """(where, kind, message) of the first part of the filter at `loc` that is too deep, over
+    MAX_CLAUSES, or a range without bounds; None when its shape is fine."""
     count = 0
     stack: list[tuple[list[str | int], BaseModel, int]] = [(loc, clause, 1)]
     while stack:
         where, node, depth = stack.pop()
         count += 1
         if depth > MAX_DEPTH:
-            raise _bad(where, "too_deep", f"the filter nests deeper than {MAX_DEPTH} levels here")
+            return where, "too_deep", f"the filter nests deeper than {MAX_DEPTH} levels here"
         if count > MAX_CLAUSES:
-            raise _bad(loc, "too_long", f"the filter has more than {MAX_CLAUSES} clauses")
+            return loc, "too_long", f"the filter has more than {MAX_CLAUSES} clauses"
         if isinstance(node, Range) and all(b is None for b in (node.gt, node.gte, node.lt, node.lte)):
-            raise _bad(where, "missing", "a range needs at least one of gt, gte, lt, lte")
+            return where, "missing", "a range needs at least one of gt, gte, lt, lte"
         stack.extend((where + sub, child, depth + 1) for sub, child in _children(node))
+    return None
+
+
+def check_shape(clause: BaseModel, loc: list[str | int]) -> None:
+    """422 naming the part of the filter that `shape_problem` finds."""
+    problem = shape_problem(clause, loc)
+    if problem is not None:
+        raise _bad(*problem)
 
 
 def _bad(loc: list[str | int], kind: str, msg: str) -> HTTPException:
     return HTTPException(status_code=422, detail=[{"loc": loc, "type": kind, "msg": msg}])
+
+
+class Boost(BaseModel):
+    """A business rule: `amount` added to the ranking score of the items `filter` holds for (the
+    predicted rating shown stays the model's)."""
+
+    model_config = _STRICT
+    name: _Name
+    filter: Filter
+    amount: Annotated[float, Field(ge=-10, le=10, allow_inf_nan=False)]
+
+
+def both(first: Filter | None, second: Filter | None) -> Filter | None:
+    """The filter that holds where both do (either may be None)."""
+    if first is None or second is None:
+        return first if second is None else second
+    return All(op="all", of=[first, second])
 
 
 def _key(value: object) -> tuple[str, object]:

@@ -7,6 +7,7 @@ keeps working once users and ratings arrive online.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -81,6 +82,53 @@ def candidate_mask(
     return mask
 
 
+POOL = 5
+"""Diversity re-ranks the best POOL x k candidates (at least POOL_MIN) by maximal marginal relevance."""
+
+POOL_MIN = 50
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How a list is cut from the predicted ratings besides the allow and exclude lists: `selected`
+    ((n_items,) bool: a filter's items, None for all), `strict` (False: fill a short list from outside
+    the filter), `boost` ((n_items,): added to the ranking score), `min_rating` (no item predicted
+    lower), `diversity` (in [0, 1]: `diversify`)."""
+
+    selected: np.ndarray | None = None
+    strict: bool = True
+    boost: np.ndarray | None = None
+    min_rating: float | None = None
+    diversity: float = 0.0
+
+
+def diversify(
+    pool: np.ndarray, relevance: np.ndarray, lifted: np.ndarray, k: int, diversity: float
+) -> np.ndarray:
+    """Maximal marginal relevance (Carbonell and Goldstein, 1998): k of `pool` (best first by
+    `relevance`, in [0, 1] for ratings on the levels), each next the argmax of (1 - diversity) relevance
+    - diversity max similarity to those already chosen, the similarity the paper's scaled cosine
+    (1 + cos) / 2 of the item embeddings (`lifted` rows of the pool); ties by pool order."""
+    k = min(k, len(pool))
+    if diversity <= 0 or k <= 1:
+        return pool[:k]
+    rows = lifted[pool]
+    similarity = rows @ rows.T  # (P, P)
+    chosen = [0]
+    closest = similarity[0].copy()
+    taken = np.zeros(len(pool), dtype=bool)
+    taken[0] = True
+    for _ in range(1, k):
+        value = (1 - diversity) * relevance - diversity * closest
+        value[taken] = -np.inf
+        nxt = int(np.argmax(value))
+        chosen.append(nxt)
+        taken[nxt] = True
+        np.maximum(closest, similarity[nxt], out=closest)
+    out: np.ndarray = pool[np.array(chosen)]
+    return out
+
+
 def recommend(
     scorer: ServedModel,
     user_id: str,
@@ -89,17 +137,17 @@ def recommend(
     exclude: np.ndarray | None,
     state: OnlineState | None = None,
     exact: bool = False,
-    selected: np.ndarray | None = None,
-    strict: bool = True,
+    ranking: Ranking = Ranking(),
 ) -> tuple[np.ndarray, np.ndarray, bool, np.ndarray]:
-    """(items, scores, fallback, outside): the user's top k by predicted rating among the candidates, or,
-    for a user the scorer does not know or one with no ratings, the top k by shrunk mean rating
-    (fallback), in `state` (default: now; `allow`, `exclude`: indices valid in it); `exact`: not from a
-    cached row of an earlier state (`ServedModel.predict`).
+    """(items, ratings, fallback, outside): the user's top k among the candidates by predicted rating
+    plus `ranking.boost`, or, for a user the scorer does not know or one with no ratings, by shrunk mean
+    rating (fallback), in `state` (default: now; `allow`, `exclude`: indices valid in it); `exact`: not
+    from a cached row of an earlier state (`ServedModel.predict`).
 
-    Candidates are the items not rated, allowed, not excluded and not hidden (the catalogue's); with
-    `selected` ((n_items,) bool: a filter's items) only those, and when fewer than k pass and not
-    `strict`, the list is filled with the best of the rest, `outside` (K,) bool saying which."""
+    Candidates are the items not rated, allowed, not excluded, not hidden (the catalogue's) and not
+    predicted under `ranking.min_rating`; only `ranking.selected` ones, and when fewer than k of those
+    pass and not `ranking.strict`, the list is filled with the best of the rest, `outside` (K,) bool
+    saying which; `ranking.diversity` re-ranks the best of each by `diversify`."""
     state = state or scorer.state  # one model state for the whole answer
     try:
         user = scorer.user_index(user_id, state)
@@ -107,21 +155,31 @@ def recommend(
         user = None
     rated = scorer.rated_items(user, state) if user is not None else np.empty(0, dtype=np.int64)
     fallback = user is None or len(rated) == 0
-    scores = popular_scores(scorer, state) if fallback else np.empty(0)
     n_items = state.known.n_items  # the artifact's items, then those first rated online
     mask = candidate_mask(n_items, rated, allow, exclude)
     mask &= scorer.catalogue_index(state).visible
-    wanted = mask if selected is None else mask & selected
     if not mask.any():
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), fallback, np.empty(0, dtype=bool)
-    if user is not None and not fallback:
-        # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries
-        # that share a block, so a rating must not depend on which other items were asked for.
-        scores = scorer.row(user, state, exact)
-    best = top_k(scores, wanted, k)
+    # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries that
+    # share a block, so a rating must not depend on which other items were asked for.
+    scores = popular_scores(scorer, state) if user is None or fallback else scorer.row(user, state, exact)
+    if ranking.min_rating is not None:
+        mask &= scores >= ranking.min_rating
+    rank = scores if ranking.boost is None else scores + ranking.boost[: len(scores)]
+    lo, hi = float(scorer.levels[0]), float(scorer.levels[-1])
+
+    def pick(among: np.ndarray, count: int) -> np.ndarray:
+        if ranking.diversity <= 0:
+            return top_k(rank, among, count)
+        pool = top_k(rank, among, max(POOL * count, POOL_MIN))
+        relevance = (rank[pool] - lo) / max(hi - lo, 1e-12)
+        return diversify(pool, relevance, state.network.item_lifted, count, ranking.diversity)
+
+    selected = ranking.selected
+    best = pick(mask if selected is None else mask & selected, k)
     outside = np.zeros(len(best), dtype=bool)
-    if not strict and selected is not None and len(best) < k:
-        rest = top_k(scores, mask & ~selected, k - len(best))
+    if not ranking.strict and selected is not None and len(best) < k:
+        rest = pick(mask & ~selected, k - len(best))
         best = np.concatenate([best, rest])
         outside = np.concatenate([outside, np.ones(len(rest), dtype=bool)])
     return best, scores[best], fallback, outside

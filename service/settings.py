@@ -14,6 +14,7 @@ from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validato
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.stream import cluster_url
+from service.catalogue import Boost, Filter, shape_problem
 
 
 class Settings(BaseSettings):
@@ -134,6 +135,26 @@ class Settings(BaseSettings):
     """Largest `items` list accepted by POST /predict."""
     max_k: PositiveInt = 100
     """Largest `k` accepted by GET /similar-users/{id}."""
+    default_filter: Filter | None = None
+    """A filter every /recommend and /similar-items request gets besides its own (JSON, the syntax of
+    service/catalogue.py: `DCMC_DEFAULT_FILTER='{"op": "eq", "attribute": "in_stock", "value": true}'`);
+    answers name it in `rules`."""
+    boosts: list[Boost] = Field(default_factory=list, max_length=16)
+    """Deployment-wide boosts (JSON list of {name, filter, amount}): `amount` is added to the ranking
+    score of the items the filter holds for, on every /recommend; answers name the ones that moved an
+    item of the list."""
+    diversity: float = Field(default=0.0, ge=0, le=1)
+    """How far /recommend trades predicted rating for variety when a request does not say: 0 = by rating
+    alone, 1 = by dissimilarity alone (maximal marginal relevance over the learned item similarity)."""
+
+    @field_validator("default_filter")
+    @classmethod
+    def _filter_shape(cls, value: Filter | None) -> Filter | None:
+        problem = None if value is None else shape_problem(value, ["default_filter"])
+        if problem is not None:
+            raise ValueError(f"{'.'.join(str(p) for p in problem[0])}: {problem[2]}")
+        return value
+
     inference: dict[str, Any] = Field(default_factory=dict)
     """Overrides of the artifact's inference settings, nested by group: `DCMC_INFERENCE__MODE=exact`,
     `DCMC_INFERENCE__CRF__GAMMA=2`, `DCMC_INFERENCE__KERNEL__CO_RATING=0` (names and meanings in

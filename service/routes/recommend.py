@@ -15,11 +15,11 @@ from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
 from model.online import OnlineState
 from service.auth import holds_write_token, require_read
-from service.catalogue import Filter, check_shape, short_filter
+from service.catalogue import Boost, Filter, check_shape, short_filter
 from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import invalid, unknown_ids
-from service.recommend import POPULAR_REASON, POPULAR_SHRINKAGE, recommend, split_ids
+from service.recommend import POPULAR_REASON, POPULAR_SHRINKAGE, Ranking, recommend, split_ids
 from service.schemas import MAX_ID_LENGTH, Explanation
 from service.scoring import ServedModel
 from service.settings import Settings
@@ -35,6 +35,9 @@ class Recommendation(BaseModel):
         description="Predicted rating; with `fallback: popular`, the item's shrunk mean rating instead."
     )
     explanation: Explanation | None = Field(default=None, description="With `explain=true`.")
+    boost: float | None = Field(
+        default=None, description="What the boosts that hold for the item added to its ranking score"
+    )
     outside_filter: bool | None = Field(
         default=None, description="true: does not pass the filter, added to fill the list (`strict: false`)"
     )
@@ -50,6 +53,11 @@ class RecommendResponse(BaseModel):
         default=None,
         description="`popular` when the user is unknown or has no ratings: items ranked by shrunk mean "
         f"rating (sum + s * mu) / (n + s), mu the global mean, s = {POPULAR_SHRINKAGE:g}; absent otherwise.",
+    )
+    rules: list[str] | None = Field(
+        default=None,
+        description="The rules that shaped the list: `default_filter`, `boost:<name>` (moved an item of "
+        "it), `min_rating`, `diversity`",
     )
     filter_notes: list[str] | None = Field(
         default=None,
@@ -111,6 +119,18 @@ async def recommend_items(
     exclude_category: Annotated[
         str | None, Query(description="No items with any of these categories (comma-separated)")
     ] = None,
+    diversity: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=1,
+            description="0 = by predicted rating alone (default DCMC_DIVERSITY); up to 1: "
+            "more varied (maximal marginal relevance over the learned item similarity)",
+        ),
+    ] = None,
+    min_rating: Annotated[
+        float | None, Query(allow_inf_nan=False, description="No item predicted lower than this")
+    ] = None,
     after: After = None,
     explain: Annotated[
         bool,
@@ -135,7 +155,9 @@ async def recommend_items(
     if allow_ids is not None and not allow_ids:
         raise invalid(["query", "items"], "too_short", "items lists no item ids")
     chosen = short_filter(_ids(request, "category"), _ids(request, "exclude_category"))
-    query = Asked(user_id, k, allow_ids, exclude_ids, chosen, True, explain, ["query"])
+    query = Asked(
+        user_id, k, allow_ids, exclude_ids, chosen, True, explain, ["query"], [], min_rating, diversity
+    )
     return await _recommend(scorer, settings, query, after, authorization)
 
 
@@ -157,6 +179,21 @@ class RecommendRequest(BaseModel):
         default=True,
         description="false: when fewer than k items pass the filter, fill the list with the best others, "
         "each marked `outside_filter`",
+    )
+    boosts: list[Boost] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Business rules of this request: `amount` added to the ranking score of the items "
+        "`filter` holds for (besides DCMC_BOOSTS)",
+    )
+    min_rating: float | None = Field(
+        default=None, allow_inf_nan=False, description="No item predicted lower than this"
+    )
+    diversity: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="0 = by predicted rating alone (default DCMC_DIVERSITY); up to 1: more varied",
     )
     explain: bool = False
 
@@ -184,8 +221,20 @@ async def recommend_post(
     {"op": "range", "attribute": "year", "gte": 1990, "lt": 2000}]}}`."""
     if body.filter is not None:
         check_shape(body.filter, ["body", "filter"])
+    for n, boost in enumerate(body.boosts):
+        check_shape(boost.filter, ["body", "boosts", n, "filter"])
     query = Asked(
-        body.user, body.k, body.items, body.exclude, body.filter, body.strict, body.explain, ["body"]
+        body.user,
+        body.k,
+        body.items,
+        body.exclude,
+        body.filter,
+        body.strict,
+        body.explain,
+        ["body"],
+        body.boosts,
+        body.min_rating,
+        body.diversity,
     )
     return await _recommend(scorer, settings, query, after, authorization)
 
@@ -203,6 +252,9 @@ class Asked:
     strict: bool
     explain: bool
     loc: list[str | int]
+    boosts: list[Boost]
+    min_rating: float | None
+    diversity: float | None
 
 
 async def _recommend(
@@ -220,12 +272,34 @@ async def _recommend(
     allow = scorer.item_indices(q.allow) if q.allow is not None else None
     excluded = scorer.item_indices(q.exclude) if q.exclude is not None else None
     state = scorer.state  # one model state for the ranking and its explanations
+    catalogue = scorer.catalogue_index(state)
     selected: np.ndarray | None = None
     notes: list[str] = []
+    rules: list[str] = []
     if q.filter is not None:
-        selected, notes = scorer.catalogue_index(state).select(q.filter, [*q.loc, "filter"])
+        selected, notes = catalogue.select(q.filter, [*q.loc, "filter"])
+    if settings.default_filter is not None:
+        default, more = catalogue.select(settings.default_filter, ["default_filter"])
+        selected = default if selected is None else selected & default
+        notes += [f"default filter: {note}" for note in more]
+        rules.append("default_filter")
+    boosts = [*settings.boosts, *q.boosts]
+    boost, boosted = None, []
+    for n, rule in enumerate(boosts):
+        where = (
+            ["settings", "boosts", n]
+            if n < len(settings.boosts)
+            else [*q.loc, "boosts", n - len(settings.boosts)]
+        )
+        holds, more = catalogue.select(rule.filter, [*where, "filter"])
+        notes += [f"boost {rule.name}: {note}" for note in more]
+        boost = np.zeros(catalogue.n_items) if boost is None else boost
+        boost += rule.amount * holds
+        boosted.append((rule.name, holds))
+    diversity = settings.diversity if q.diversity is None else q.diversity
+    ranking = Ranking(selected, q.strict, boost, q.min_rating, diversity)
     exact = after is not None or q.explain  # of the newest state, not from an earlier state's row
-    args = (scorer, q.user, q.k, allow, excluded, state, exact, selected, q.strict)
+    args = (scorer, q.user, q.k, allow, excluded, state, exact, ranking)
     if scorer.blocking:  # tens of ms of numpy: keep the event loop free
         best, scores, fallback, outside = await run_in_threadpool(recommend, *args)
     else:
@@ -241,12 +315,23 @@ async def _recommend(
         payload["fallback"] = "popular"
     if notes:
         payload["filter_notes"] = notes
+    rules += [f"boost:{name}" for name, holds in boosted if holds[best].any()]
+    if q.min_rating is not None:
+        rules.append("min_rating")
+    if diversity > 0:
+        rules.append("diversity")
+    if rules:
+        payload["rules"] = rules
     recommendations: list[dict[str, object]] = [
         {"item": scorer.item_id(int(i)), "rating": float(s)} for i, s in zip(best, scores, strict=True)
     ]
     for rec, out in zip(recommendations, outside.tolist(), strict=True):
         if out:
             rec["outside_filter"] = True
+    if boost is not None:
+        for rec, amount in zip(recommendations, boost[best].tolist(), strict=True):
+            if amount:
+                rec["boost"] = amount
     if q.explain:  # off the event loop: tens of milliseconds
         reveal = holds_write_token(settings, authorization)
         whys = await run_in_threadpool(_explanations, scorer, state, q.user, best, fallback, reveal, q.loc)

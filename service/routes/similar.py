@@ -100,6 +100,10 @@ def similar_items(
     if chosen is not None:
         selected, notes = catalogue.select(chosen, ["query"])
         allowed = allowed & selected
+    if settings.default_filter is not None:
+        selected, more = catalogue.select(settings.default_filter, ["default_filter"])
+        allowed = allowed & selected
+        notes += [f"default filter: {note}" for note in more]
     found, scores = scorer.similar_items(index, k, allowed)
     return SimilarItemsResponse(
         item=item_id,

@@ -141,10 +141,12 @@ def test_a_category_filter_is_applied_before_the_top_k_is_cut(
 
 
 FILTERS: list[tuple[dict[str, Any], Any]] = [
-    ({"op": "range", "attribute": "year", "gte": 1995, "lt": 2000}, lambda r: 1995 <= r.attributes["year"] < 2000),
+    ({"op": "range", "attribute": "year", "gte": 1995, "lt": 2000},
+     lambda r: 1995 <= r.attributes["year"] < 2000),
     ({"op": "eq", "attribute": "lang", "value": "fr"}, lambda r: r.attributes["lang"] == "fr"),
     ({"op": "eq", "attribute": "tags", "value": "t2"}, lambda r: "t2" in r.attributes["tags"]),
-    ({"op": "in", "attribute": "year", "values": [1991, 1993.0]}, lambda r: r.attributes["year"] in (1991, 1993)),
+    ({"op": "in", "attribute": "year", "values": [1991, 1993.0]},
+     lambda r: r.attributes["year"] in (1991, 1993)),
     ({"op": "eq", "attribute": "in_stock", "value": False}, lambda r: not r.attributes["in_stock"]),
     ({"op": "exists", "attribute": "year"}, lambda r: True),
     (
@@ -261,3 +263,90 @@ def test_an_artifact_without_a_catalogue_filters_to_nothing_but_says_why(
     assert body["recommendations"] == [] and body["filter_notes"] == ["no item has the category odd"]
     assert len(app.client.get(f"/recommend/{user}").json()["recommendations"]) == 10
     assert rated_ids(load_artifact(tiny_artifact), user)  # (a user with ratings: not the popular list)
+
+
+def test_boosts_move_items_up_and_the_answer_names_them(api: App, artifact: Artifact) -> None:
+    user = artifact.users.ids[4]
+    ranking, ratings = expected_ranking(artifact, user)
+    french = passing(artifact, lambda r: r.attributes["lang"] == "fr")
+    shown = visible(artifact)
+    order = [x for x in ranking if x in shown]
+    want = sorted(order, key=lambda x: -(ratings[x] + 10 * (x in french)))[:6]  # stable: ties keep order
+    body = api.client.post(
+        "/recommend",
+        json={
+            "user": user,
+            "k": 6,
+            "boosts": [
+                {"name": "fr", "filter": {"op": "eq", "attribute": "lang", "value": "fr"}, "amount": 10}
+            ],
+        },
+    ).json()
+    assert [r["item"] for r in body["recommendations"]] == want
+    assert [r.get("boost") for r in body["recommendations"]] == [10.0 if x in french else None for x in want]
+    np.testing.assert_allclose([r["rating"] for r in body["recommendations"]], [ratings[x] for x in want])
+    assert body["rules"] == ["boost:fr"]
+    cut = float(np.median([ratings[x] for x in order]))
+    body = api.client.get(f"/recommend/{user}", params={"k": 50, "min_rating": cut}).json()
+    assert [r["item"] for r in body["recommendations"]] == [x for x in order if ratings[x] >= cut][:50]
+    assert body["rules"] == ["min_rating"]
+
+
+def test_deployment_rules_apply_to_every_request(
+    catalogued: Path, key_prefix: str, artifact: Artifact
+) -> None:
+    rules = {
+        "default_filter": {"op": "eq", "attribute": "in_stock", "value": True},
+        "boosts": [
+            {"name": "old", "filter": {"op": "range", "attribute": "year", "lt": 1995}, "amount": -10}
+        ],
+    }
+    with App(catalogued, redis_url=REDIS_URL, redis_key_prefix=f"{key_prefix}:rules", **rules) as ruled:
+        user = artifact.users.ids[1]
+        ranking, ratings = expected_ranking(artifact, user)
+        stocked = passing(artifact, lambda r: r.attributes["in_stock"])
+        old = passing(artifact, lambda r: r.attributes["year"] < 1995)
+        order = sorted((x for x in ranking if x in stocked), key=lambda x: -(ratings[x] - 10 * (x in old)))
+        body = ruled.client.get(f"/recommend/{user}", params={"k": 10}).json()
+        assert [r["item"] for r in body["recommendations"]] == order[:10]
+        assert body["rules"][0] == "default_filter"
+        assert ("boost:old" in body["rules"]) == any(x in old for x in order[:10])
+        similar = ruled.client.get(f"/similar-items/{artifact.items.ids[0]}", params={"k": 20}).json()
+        assert not {s["item"] for s in similar["similar"]} - stocked
+
+
+def mmr(
+    items: list[str], relevance: dict[str, float], vectors: dict[str, np.ndarray], k: int, lam: float
+) -> list[str]:
+    """Maximal marginal relevance written out: each next item maximises (1 - lam) rel - lam max sim."""
+    chosen = [items[0]]
+    while len(chosen) < min(k, len(items)):
+
+        def value(x: str) -> float:
+            return (1 - lam) * relevance[x] - lam * max(float(vectors[x] @ vectors[c]) for c in chosen)
+
+        chosen.append(max((x for x in items if x not in chosen), key=value))  # ties: the first
+    return chosen
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.3, 0.8])
+def test_diversity_re_ranks_the_top_by_maximal_marginal_relevance(
+    api: App, artifact: Artifact, lam: float
+) -> None:
+    from model.engine import lift
+
+    user = artifact.users.ids[6]
+    ranking, ratings = expected_ranking(artifact, user)
+    shown = [x for x in ranking if x in visible(artifact)]
+    emb = np.asarray(artifact.item_embeddings, dtype=np.float64)
+    lifted = lift(emb / np.linalg.norm(emb, axis=1, keepdims=True))
+    vectors = {x: lifted[artifact.items.index(x)] for x in shown}
+    lo, hi = artifact.levels[0], artifact.levels[-1]
+    pool = shown[:50]
+    want = mmr(pool, {x: (ratings[x] - lo) / (hi - lo) for x in pool}, vectors, 8, lam)
+    body = api.client.get(f"/recommend/{user}", params={"k": 8, "diversity": lam}).json()
+    assert [r["item"] for r in body["recommendations"]] == want
+    assert ("diversity" in body.get("rules", [])) == (lam > 0)
+    if lam == 0:
+        assert want == shown[:8]
+    assert api.client.get(f"/recommend/{user}", params={"diversity": 1.5}).status_code == 422
