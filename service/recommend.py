@@ -13,6 +13,7 @@ import numpy as np
 
 from model.ids import UnknownIdError
 from model.online import OnlineState
+from model.ranking import POOL, POOL_MIN, diversify
 from model.ratings import Ratings
 from service.scoring import ServedModel, top_k
 
@@ -82,12 +83,6 @@ def candidate_mask(
     return mask
 
 
-POOL = 5
-"""Diversity re-ranks the best POOL x k candidates (at least POOL_MIN) by maximal marginal relevance."""
-
-POOL_MIN = 50
-
-
 @dataclass(frozen=True)
 class Ranking:
     """How a list is cut from the predicted ratings besides the allow and exclude lists: `selected`
@@ -100,33 +95,6 @@ class Ranking:
     boost: np.ndarray | None = None
     min_rating: float | None = None
     diversity: float = 0.0
-
-
-def diversify(
-    pool: np.ndarray, relevance: np.ndarray, lifted: np.ndarray, k: int, diversity: float
-) -> np.ndarray:
-    """Maximal marginal relevance (Carbonell and Goldstein, 1998): k of `pool` (best first by
-    `relevance`, in [0, 1] for ratings on the levels), each next the argmax of (1 - diversity) relevance
-    - diversity max similarity to those already chosen, the similarity the paper's scaled cosine
-    (1 + cos) / 2 of the item embeddings (`lifted` rows of the pool); ties by pool order."""
-    k = min(k, len(pool))
-    if diversity <= 0 or k <= 1:
-        return pool[:k]
-    rows = lifted[pool]
-    similarity = rows @ rows.T  # (P, P)
-    chosen = [0]
-    closest = similarity[0].copy()
-    taken = np.zeros(len(pool), dtype=bool)
-    taken[0] = True
-    for _ in range(1, k):
-        value = (1 - diversity) * relevance - diversity * closest
-        value[taken] = -np.inf
-        nxt = int(np.argmax(value))
-        chosen.append(nxt)
-        taken[nxt] = True
-        np.maximum(closest, similarity[nxt], out=closest)
-    out: np.ndarray = pool[np.array(chosen)]
-    return out
 
 
 def recommend(

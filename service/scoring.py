@@ -404,6 +404,13 @@ class ServedModel:
         return self.fold.item_id(index)
 
     @property
+    def diversity(self) -> float:
+        """/recommend's default diversity: DCMC_DIVERSITY, else the artifact's choice (`ranking`), else 0."""
+        if self.settings.diversity is not None:
+            return self.settings.diversity
+        return float((self.artifact.meta.get("ranking") or {}).get("diversity", 0.0))
+
+    @property
     def catalogue(self) -> Mapping[str, ItemRecord]:
         """The items' records (the artifact's; empty where it has none)."""
         return self.artifact.catalogue or {}

@@ -143,9 +143,11 @@ class Settings(BaseSettings):
     """Deployment-wide boosts (JSON list of {name, filter, amount}): `amount` is added to the ranking
     score of the items the filter holds for, on every /recommend; answers name the ones that moved an
     item of the list."""
-    diversity: float = Field(default=0.0, ge=0, le=1)
+    diversity: float | None = Field(default=None, ge=0, le=1)
     """How far /recommend trades predicted rating for variety when a request does not say: 0 = by rating
-    alone, 1 = by dissimilarity alone (maximal marginal relevance over the learned item similarity)."""
+    alone, 1 = by dissimilarity alone (maximal marginal relevance over the learned item similarity,
+    model/ranking.py); unset = the artifact's choice, made on its validation ratings by `dcmc train`
+    (config.json `ranking`), or 0 where it made none."""
 
     @field_validator("default_filter")
     @classmethod

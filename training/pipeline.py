@@ -18,6 +18,7 @@ from model.artifact import AVERAGED, load_artifact, load_staged
 from model.catalogue import ItemRecord, read_items, read_movielens_items
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.network import DCMC
+from model.ranking import choose_diversity
 from model.ratings import Ratings
 from training.config import (
     BLOCK_ENTRIES,
@@ -284,6 +285,7 @@ def run_training(
             metrics["tuning"] = _tune(directory, config, tune, inference_over, len(val_entries or []),
                                       train_cfg.seed, tune_trials, tune_timeout, progress)  # fmt: skip
         metrics["fold_in"] = _fold_in(directory, config, tune, train_cfg.seed)
+        metrics["ranking"] = _ranking(directory, config, tune, train_cfg.seed)
 
     refit = train_cfg.refit and val_entries is not None and len(val_entries) > 0
     first = out.parent / f".{out.name}.carve" if refit else out  # the carve's artifact, then the refit's
@@ -410,6 +412,8 @@ def _refit(
             shutil.copy2(carve / TUNING, directory / TUNING)
         if "fold_in" in chosen:
             config["fold_in"] = chosen["fold_in"]
+        if "ranking" in chosen:
+            config["ranking"] = chosen["ranking"]
         if searches:
             config[AVERAGED] = [result.chosen.to_dict() for result in searches]
         for k, result in enumerate(searches, start=1):
@@ -491,6 +495,17 @@ def _fold_in(directory: Path, config: dict[str, Any], enabled: bool, seed: int) 
     if "refine" in record:
         config["fold_in"] = record
     return {k: v for k, v in record.items() if k in FOLD_IN_SUMMARY}
+
+
+def _ranking(directory: Path, config: dict[str, Any], enabled: bool, seed: int) -> dict[str, Any]:
+    """Choose the lists' default diversity on the validation ratings (model/ranking.py) of the artifact
+    being written; recorded in its config as `ranking`."""
+    if not enabled:
+        return {"skipped": "--no-tune: the service ranks by predicted rating alone (diversity 0)"}
+    record = choose_diversity(load_staged(directory, config), seed=seed)
+    if "diversity" in record:
+        config["ranking"] = record
+    return record
 
 
 def _tune(

@@ -296,7 +296,7 @@ async def _recommend(
         boost = np.zeros(catalogue.n_items) if boost is None else boost
         boost += rule.amount * holds
         boosted.append((rule.name, holds))
-    diversity = settings.diversity if q.diversity is None else q.diversity
+    diversity = scorer.diversity if q.diversity is None else q.diversity
     ranking = Ranking(selected, q.strict, boost, q.min_rating, diversity)
     exact = after is not None or q.explain  # of the newest state, not from an earlier state's row
     args = (scorer, q.user, q.k, allow, excluded, state, exact, ranking)
