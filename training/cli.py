@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 DATASET_CHOICES = ("ml-100k", "douban", "flixster", "yahoo_music", "epinions", "csv")
 DEFAULT_TRIALS = 100  # training.tune.DEFAULT_TRIALS (not imported here: it needs optuna)
@@ -256,8 +257,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     else:
         print("no Redis at 127.0.0.1:6379: serving without online ratings (see the README)", file=sys.stderr)
     print(f"\nartifact: {out}", flush=True)
+    from model.artifact import load_artifact
+    from model.catalogue import CATALOGUE
+
+    category = None
+    if (out / CATALOGUE).is_file():  # MovieLens-100K's u.item: titles, genres
+        category = "Comedy" if args.data_dir else None
+        print(demo_showcase(load_artifact(out), user, category), flush=True)
     print(
-        demo_commands(f"http://{args.host}:{args.port}", user, items, token if redis_url else None),
+        demo_commands(f"http://{args.host}:{args.port}", user, items, token if redis_url else None, category),
         flush=True,
     )
     if args.no_serve:
@@ -280,9 +288,51 @@ def _local_redis() -> str | None:
     return None
 
 
-def demo_commands(url: str, user: str, items: list[str], token: str | None) -> str:
-    """The curl commands `dcmc demo` prints: predictions, then (with Redis) the online loop: a new user's
-    recommendations before and after its first ratings."""
+def demo_showcase(artifact: Any, user: str, category: str | None, k: int = 5) -> str:
+    """What `dcmc demo` shows of an artifact with a catalogue: the user's best-rated items and top k by
+    predicted rating, with titles (of `category` only, when given), as GET /recommend ranks them
+    (hidden items left out; no diversity)."""
+    import numpy as np
+
+    from training.evaluate import predict_ratings
+
+    records = artifact.catalogue
+    u, n = artifact.users.index(user), len(artifact.items)
+    ratings = predict_ratings(artifact, np.full(n, u), np.arange(n), artifact.settings())
+    known = artifact.known()
+    mine = known.by_row.of(u)
+    rated = set(known.cols[mine].tolist())
+
+    def title(j: int) -> str:
+        record = records.get(artifact.items.ids[j])
+        return record.title if record is not None and record.title else artifact.items.ids[j]
+
+    def allowed(j: int, only: str | None) -> bool:
+        record = records.get(artifact.items.ids[j])
+        hidden = record is not None and record.hidden
+        return (
+            j not in rated
+            and not hidden
+            and (only is None or (record is not None and only in record.categories))
+        )
+
+    best = sorted(mine.tolist(), key=lambda p: -known.values[p])[:k]
+    lines = [f"user {user} rated {len(mine)} items, among them:"]
+    lines += [f"  {known.values[p]:.0f}  {title(int(known.cols[p]))}" for p in best]
+    for only in (None, category) if category else (None,):
+        order = sorted((j for j in range(n) if allowed(j, only)), key=lambda j: (-ratings[j], j))[:k]
+        among = f" among {only}" if only else ""
+        lines.append(f"top {k} by predicted rating{among} (GET /recommend with diversity=0):")
+        lines += [f"  {ratings[j]:.2f}  {title(j)}" for j in order]
+    return "\n".join(lines)
+
+
+def demo_commands(
+    url: str, user: str, items: list[str], token: str | None, category: str | None = None
+) -> str:
+    """The curl commands `dcmc demo` prints: predictions, a filtered list where the artifact has a
+    catalogue (`category`), then (with Redis) the online loop: a new user's recommendations before and
+    after its first ratings."""
     predict = json.dumps({"user": user, "items": items})
     lines = [
         f"serving on {url} (Ctrl-C stops). Try:",
@@ -290,6 +340,11 @@ def demo_commands(url: str, user: str, items: list[str], token: str | None) -> s
         f"  curl -s '{url}/similar-users/{user}?k=5'",
         f"  curl -s '{url}/recommend/{user}?k=5'",
     ]
+    if category is not None:
+        lines += [
+            f"  curl -s '{url}/recommend/{user}?k=5&category={category}'",
+            f"  curl -s '{url}/items/{items[0]}'",
+        ]
     if token is not None:
         ratings = json.dumps({"ratings": [{"user": "newcomer", "item": i, "rating": 5} for i in items]})
         lines += [

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -315,3 +316,27 @@ def test_explain_prints_what_the_scorer_explains(
     assert main(argv) == 2  # the tiny preset serves `paper`: a clean error, no traceback
     err = capsys.readouterr().err
     assert "cannot explain" in err and "Traceback" not in err
+
+
+def test_demo_shows_titles_and_a_filtered_list_where_the_artifact_has_a_catalogue(
+    tiny_artifact: Path,
+) -> None:
+    from model.artifact import load_artifact
+    from model.catalogue import ItemRecord
+    from training.cli import demo_commands, demo_showcase
+    from training.evaluate import predict_ratings
+
+    art = load_artifact(tiny_artifact)
+    art.catalogue = {x: ItemRecord(title=f"Title {x}", categories=["odd" if j % 2 else "even"],
+                                   hidden=j == 0) for j, x in enumerate(art.items.ids)}  # fmt: skip
+    user = art.users.ids[0]
+    text = demo_showcase(art, user, "odd", k=3)
+    n = len(art.items)
+    ratings = predict_ratings(art, np.full(n, 0), np.arange(n), art.settings())
+    known = art.known()
+    rated = set(known.cols[known.by_row.of(0)].tolist())
+    odd = [j for j in sorted(range(n), key=lambda j: (-ratings[j], j)) if j % 2 and j not in rated][:3]
+    tail = text.split("among odd (GET /recommend with diversity=0):\n")[1].splitlines()
+    assert [line.split("  ")[-1] for line in tail] == [f"Title {art.items.ids[j]}" for j in odd]
+    assert f"Title {art.items.ids[0]}" not in text.split("top 3")[1]  # hidden: never listed
+    assert "/recommend/u0?k=5&category=odd" in demo_commands("http://h:1", "u0", ["i1"], None, "odd")
