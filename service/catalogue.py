@@ -16,6 +16,8 @@ whatever the filter (`CatalogueIndex.visible`).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
@@ -31,6 +33,9 @@ MAX_CLAUSES = 64
 
 MAX_DEPTH = 8
 """Deepest nesting of all / any / not."""
+
+SELECTED_KEPT = 256
+"""Filters whose items a catalogue index keeps (the most recently used)."""
 
 MAX_VALUES = 256
 """Most values of one `category` or `in` clause."""
@@ -232,6 +237,8 @@ class CatalogueIndex:
         self._attributes = attributes
         self._numbers: dict[str, np.ndarray] = {}
         self.visible = ~self.hidden
+        self._selected: OrderedDict[str, tuple[np.ndarray, tuple[str, ...]]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _mask(self, indices: list[int] | np.ndarray) -> np.ndarray:
         out = np.zeros(self.n_items, dtype=bool)
@@ -254,8 +261,21 @@ class CatalogueIndex:
         """The items (n,) bool that `clause` holds for, and notes on clauses that match nothing because no
         item has what they name; 422 naming `loc`'s part for a clause the catalogue's types rule out (a
         range on an attribute that is never a number, an eq of a string to a number attribute)."""
-        notes: list[str] = []
-        return self._select(clause, loc, notes), notes
+        key = clause.model_dump_json()
+        with self._lock:
+            held = self._selected.get(key)
+            if held is not None:
+                self._selected.move_to_end(key)
+        if held is None:  # a filter repeated across requests is evaluated once per catalogue
+            notes: list[str] = []
+            mask = self._select(clause, loc, notes)
+            mask.flags.writeable = False
+            held = (mask, tuple(notes))
+            with self._lock:
+                self._selected[key] = held
+                while len(self._selected) > SELECTED_KEPT:
+                    self._selected.popitem(last=False)
+        return held[0], list(held[1])
 
     def _select(self, clause: BaseModel, loc: list[str | int], notes: list[str]) -> np.ndarray:
         if isinstance(clause, All):

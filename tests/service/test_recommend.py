@@ -225,6 +225,8 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
         "exclude",
         "category",
         "exclude_category",
+        "diversity",
+        "min_rating",
         "after",
         "explain",
         "authorization",
@@ -236,6 +238,7 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
         "model_version",
         "inference",
         "fallback",
+        "rules",
         "filter_notes",
         "recommendations",
     }
