@@ -357,7 +357,11 @@ class Service:
     def predict(self, user: str, items: Sequence[str]) -> np.ndarray:
         """Predictions that include every rating this helper wrote (`after`: read-your-writes)."""
         params = {"after": self.last_id} if self.last_id else None
-        r = self.client.post("/predict", json={"user": user, "items": list(items)}, params=params)
+        for _ in range(10):  # a 503 with Retry-After: the worker has not folded the write in yet
+            r = self.client.post("/predict", json={"user": user, "items": list(items)}, params=params)
+            if r.status_code != 503 or "Retry-After" not in r.headers:
+                break
+            time.sleep(float(r.headers["Retry-After"]))
         if r.status_code != 200:
             raise RuntimeError(f"POST /predict answered {r.status_code}: {r.text[:500]}")
         return np.array([p["rating"] for p in r.json()["predictions"]], dtype=np.float64)

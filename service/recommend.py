@@ -88,13 +88,15 @@ class Ranking:
     """How a list is cut from the predicted ratings besides the allow and exclude lists: `selected`
     ((n_items,) bool: a filter's items, None for all), `strict` (False: fill a short list from outside
     the filter), `boost` ((n_items,): added to the ranking score), `min_rating` (no item predicted
-    lower), `diversity` (in [0, 1]: `diversify`)."""
+    lower), `diversity` (in [0, 1]: `diversify`), `required` ((n_items,) bool: the only items allowed at
+    all, a deployment's default filter, past which a short list is not filled)."""
 
     selected: np.ndarray | None = None
     strict: bool = True
     boost: np.ndarray | None = None
     min_rating: float | None = None
     diversity: float = 0.0
+    required: np.ndarray | None = None
 
 
 def recommend(
@@ -126,6 +128,8 @@ def recommend(
     n_items = state.known.n_items  # the artifact's items, then those first rated online
     mask = candidate_mask(n_items, rated, allow, exclude)
     mask &= scorer.catalogue_index(state).visible
+    if ranking.required is not None:
+        mask &= ranking.required[:n_items]
     if not mask.any():
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64), fallback, np.empty(0, dtype=bool)
     # Every item in one call whatever the candidates: the `paper` mode's block CRFs couple the queries that

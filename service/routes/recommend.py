@@ -273,14 +273,13 @@ async def _recommend(
     excluded = scorer.item_indices(q.exclude) if q.exclude is not None else None
     state = scorer.state  # one model state for the ranking and its explanations
     catalogue = scorer.catalogue_index(state)
-    selected: np.ndarray | None = None
+    selected = required = None
     notes: list[str] = []
     rules: list[str] = []
     if q.filter is not None:
         selected, notes = catalogue.select(q.filter, [*q.loc, "filter"])
-    if settings.default_filter is not None:
-        default, more = catalogue.select(settings.default_filter, ["default_filter"])
-        selected = default if selected is None else selected & default
+    if settings.default_filter is not None:  # a deployment's: holds even where `strict: false` fills
+        required, more = catalogue.select(settings.default_filter, ["default_filter"])
         notes += [f"default filter: {note}" for note in more]
         rules.append("default_filter")
     boosts = [*settings.boosts, *q.boosts]
@@ -297,7 +296,7 @@ async def _recommend(
         boost += rule.amount * holds
         boosted.append((rule.name, holds))
     diversity = scorer.diversity if q.diversity is None else q.diversity
-    ranking = Ranking(selected, q.strict, boost, q.min_rating, diversity)
+    ranking = Ranking(selected, q.strict, boost, q.min_rating, diversity, required)
     exact = after is not None or q.explain  # of the newest state, not from an earlier state's row
     args = (scorer, q.user, q.k, allow, excluded, state, exact, ranking)
     if scorer.blocking:  # tens of ms of numpy: keep the event loop free

@@ -313,6 +313,10 @@ def test_deployment_rules_apply_to_every_request(
         assert ("boost:old" in body["rules"]) == any(x in old for x in order[:10])
         similar = ruled.client.get(f"/similar-items/{artifact.items.ids[0]}", params={"k": 20}).json()
         assert not {s["item"] for s in similar["similar"]} - stocked
+        loose = {"user": user, "k": 50, "strict": False, "filter": {"op": "category", "any_of": ["three"]}}
+        filled = ruled.client.post("/recommend", json=loose).json()["recommendations"]
+        assert any(r.get("outside_filter") for r in filled)  # filled past the request's filter...
+        assert not {r["item"] for r in filled} - stocked  # ...never past the deployment's
 
 
 def mmr(
