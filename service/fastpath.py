@@ -14,6 +14,7 @@ route's OpenAPI entry documents both.
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 from typing import Annotated, Any
 
@@ -24,6 +25,7 @@ from service.auth import require_read
 from service.metrics import ASGIApp, Message, Receive, Scope, Send
 from service.routes.predict import answer
 from service.routes.ratings import store
+from service.routes.recommend import plain
 from service.schemas import MAX_ID_LENGTH
 
 _StringId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_LENGTH)]
@@ -60,6 +62,9 @@ class StringRatings(BaseModel):
 
 
 ROUTES = {"/predict": SimpleNamespace(path="/predict"), "/ratings": SimpleNamespace(path="/ratings")}
+RECOMMEND = SimpleNamespace(path="/recommend/{user_id:path}")
+PLAIN_K = re.compile(rb"^(?:k=([0-9]{1,4}))?$")
+"""The query of a plain GET /recommend/{user}: nothing, or `k` alone."""
 """What the metrics middleware reads as the route template of a request answered here."""
 
 
@@ -71,6 +76,10 @@ class FastPath:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"].startswith("/recommend/"):
+            if not await self._recommend(scope, send):
+                await self.app(scope, receive, send)
+            return
         if (
             scope["type"] != "http"
             or scope["path"] not in ROUTES
@@ -117,6 +126,27 @@ class FastPath:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers + extra})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _recommend(self, scope: Scope, send: Send) -> bool:
+        """GET /recommend/{user}[?k=K] answered here (`service.routes.recommend.plain`); False for the route
+        (any other parameter, k out of range, a mode that blocks, a read not allowed, an error)."""
+        plain_k = PLAIN_K.match(scope.get("query_string", b""))
+        scorer, settings = getattr(self.state, "scorer", None), self.state.settings
+        user = scope["path"][len("/recommend/") :]
+        if plain_k is None or scorer is None or scorer.blocking or not user or not self._may_read(scope):
+            return False
+        k = int(plain_k.group(1)) if plain_k.group(1) else 10
+        if not 1 <= k <= settings.max_k:
+            return False
+        try:
+            payload = plain(scorer, settings, user, k)
+        except HTTPException:
+            return False
+        scope["route"] = RECOMMEND
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+        return True
 
     def _may_read(self, scope: Scope) -> bool:
         """Whether the request may read (DCMC_READ_TOKEN unset, or it carries it or the write token)."""

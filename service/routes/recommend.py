@@ -265,6 +265,32 @@ async def _recommend(
         msg = f"k must lie in 1..{settings.max_k} (setting DCMC_MAX_K), got {q.k}"
         raise invalid([*q.loc, "k"], "out_of_range", msg)
     await wait_applied(scorer, after, settings.read_after_timeout_s)
+    exact = after is not None or q.explain  # of the newest state, not from an earlier state's row
+    if scorer.blocking:  # tens of ms of numpy: keep the event loop free
+        listed = await run_in_threadpool(ranked, scorer, settings, q, exact)
+    else:
+        listed = ranked(scorer, settings, q, exact)
+    payload, state, best, fallback = listed
+    if q.explain:  # off the event loop: tens of milliseconds
+        reveal = holds_write_token(settings, authorization)
+        whys = await run_in_threadpool(_explanations, scorer, state, q.user, best, fallback, reveal, q.loc)
+        for rec, why in zip(payload["recommendations"], whys, strict=True):
+            rec["explanation"] = why
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def plain(scorer: ServedModel, settings: Settings, user: str, k: int) -> bytes:
+    """The JSON of GET /recommend/{user}?k=K with nothing else asked (1 <= k <= DCMC_MAX_K, the read
+    allowed): what the route answers, without FastAPI's parameter handling (service/fastpath.py)."""
+    asked = Asked(user, k, None, None, None, True, False, ["query"], [], None, None)
+    return orjson.dumps(ranked(scorer, settings, asked, False)[0])
+
+
+def ranked(
+    scorer: ServedModel, settings: Settings, q: Asked, exact: bool
+) -> tuple[dict[str, Any], OnlineState, np.ndarray, bool]:
+    """The answer's JSON object (without explanations), and the state, the items and whether it is the
+    popular list (for the explanations); HTTPException for unknown ids and bad filters."""
     try:
         scorer.item_indices((q.allow or []) + (q.exclude or []))  # one 404 listing every unknown id
     except UnknownIdError as exc:
@@ -297,15 +323,10 @@ async def _recommend(
         boosted.append((rule.name, holds))
     diversity = scorer.diversity if q.diversity is None else q.diversity
     ranking = Ranking(selected, q.strict, boost, q.min_rating, diversity, required)
-    exact = after is not None or q.explain  # of the newest state, not from an earlier state's row
-    args = (scorer, q.user, q.k, allow, excluded, state, exact, ranking)
-    if scorer.blocking:  # tens of ms of numpy: keep the event loop free
-        best, scores, fallback, outside = await run_in_threadpool(recommend, *args)
-    else:
-        best, scores, fallback, outside = recommend(*args)
-    # Serialised here rather than through RecommendResponse (which documents the shape in OpenAPI), as
-    # POST /predict does.
-    payload: dict[str, object] = {
+    best, scores, fallback, outside = recommend(scorer, q.user, q.k, allow, excluded, state, exact, ranking)
+    # Serialised by the caller rather than through RecommendResponse (which documents the shape in
+    # OpenAPI), as POST /predict does.
+    payload: dict[str, Any] = {
         "user": q.user,
         "model_version": scorer.version,
         "inference": scorer.inference.mode,
@@ -331,13 +352,8 @@ async def _recommend(
         for rec, amount in zip(recommendations, boost[best].tolist(), strict=True):
             if amount:
                 rec["boost"] = amount
-    if q.explain:  # off the event loop: tens of milliseconds
-        reveal = holds_write_token(settings, authorization)
-        whys = await run_in_threadpool(_explanations, scorer, state, q.user, best, fallback, reveal, q.loc)
-        for rec, why in zip(recommendations, whys, strict=True):
-            rec["explanation"] = why
     payload["recommendations"] = recommendations
-    return Response(orjson.dumps(payload), media_type="application/json")
+    return payload, state, best, fallback
 
 
 def _explanations(

@@ -298,3 +298,28 @@ def test_the_ratings_fast_path_answers_as_the_route(
     assert a == b
     for name in ("www-authenticate", "retry-after", "content-type"):
         assert fast.headers.get(name) == route.headers.get(name)
+
+
+@pytest.mark.parametrize(("user", "query"), [("u2", "?k=7"), ("u5", ""), ("nobody-yet", "?k=3")])
+def test_a_plain_recommend_is_answered_here_as_the_route_answers_it(
+    exact_app: App, user: str, query: str
+) -> None:
+    from service.routes.recommend import plain
+
+    state = exact_app.client.app.state  # type: ignore[attr-defined]
+    k = int(query[3:]) if query else 10
+    counted = exact_app.metric(
+        "dcmc_http_requests_total", route="/recommend/{user_id:path}", method="GET", status="200"
+    )
+    fast = exact_app.client.get(f"/recommend/{user}{query}")
+    assert fast.content == plain(state.scorer, state.settings, user, k)
+    assert (
+        exact_app.metric(
+            "dcmc_http_requests_total", route="/recommend/{user_id:path}", method="GET", status="200"
+        )
+        == counted + 1
+    )
+    # The route (reached with a parameter the fast path leaves to it) answers the same.
+    via_route = exact_app.client.get(f"/recommend/{user}?k={k}&exclude=")
+    assert via_route.json() == fast.json()
+    assert exact_app.client.get(f"/recommend/{user}?k=0").status_code == 422  # the route's error
