@@ -1,6 +1,9 @@
-"""The fast paths of POST /predict and POST /ratings: a pure ASGI middleware that answers a well-formed
-request without FastAPI's routing, dependency resolution and body handling, which cost more per request
-than a prediction from a cached user row (benchmarks/serve.py floor) and than storing a rating in Redis.
+"""The fast paths of POST /predict, POST /ratings and a plain GET /recommend/{user}[?k=K]: a pure ASGI
+middleware that answers a well-formed request without FastAPI's routing, dependency resolution and body
+handling, which cost more per request than a prediction from a cached user row (benchmarks/serve.py
+floor) and than storing a rating in Redis. GET /recommend with any other parameter (filters, `after`,
+`explain`, ...) goes to the route; a plain one is answered by the route's own ranking code
+(`service.routes.recommend.plain`).
 
 It parses the body with pydantic-core (string ids: `StringIds`, `StringRatings`) and answers with the
 function the FastAPI route answers with (`service.routes.predict.answer`, `service.routes.ratings.store`):
