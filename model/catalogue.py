@@ -49,14 +49,15 @@ ATTRIBUTE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 """What an attribute name looks like (a letter or underscore first): names are read in filters."""
 
 Name = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_NAME_LENGTH)]
-AttributeValue = (
+Scalar = (
     StrictBool
     | StrictInt
     | Annotated[StrictFloat, Field(allow_inf_nan=False)]
     | Annotated[str, StringConstraints(strict=True, max_length=MAX_STRING_LENGTH)]
-    | Annotated[list[Name], Field(max_length=MAX_CATEGORIES)]
 )
-"""A string, a finite number, a bool, or a list of short strings (tags)."""
+"""A bool, an integer, a finite float or a string: what an attribute holds and a filter compares with."""
+AttributeValue = Scalar | Annotated[list[Name], Field(max_length=MAX_CATEGORIES)]
+"""A scalar or a list of short strings (tags)."""
 
 
 class ItemRecord(BaseModel):

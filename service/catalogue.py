@@ -24,9 +24,9 @@ from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import HTTPException
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from model.catalogue import MAX_NAME_LENGTH, MAX_STRING_LENGTH, ItemRecord
+from model.catalogue import ItemRecord, Name, Scalar
 
 MAX_CLAUSES = 64
 """Most clauses (every node of the tree counts) one filter may have."""
@@ -40,13 +40,8 @@ SELECTED_KEPT = 256
 MAX_VALUES = 256
 """Most values of one `category` or `in` clause."""
 
-_Name = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_NAME_LENGTH)]
-_Value = (
-    StrictBool
-    | StrictInt
-    | Annotated[StrictFloat, Field(allow_inf_nan=False)]
-    | Annotated[str, StringConstraints(strict=True, max_length=MAX_STRING_LENGTH)]
-)
+_Name = Name
+_Value = Scalar
 _Number = StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
 _STRICT = ConfigDict(extra="forbid")
 
@@ -200,19 +195,43 @@ class _Attribute:
     values: dict[tuple[str, object], list[int]] = field(default_factory=dict)
     kinds: set[str] = field(default_factory=set)
 
+    def copy(self) -> _Attribute:
+        return _Attribute(
+            list(self.present),
+            dict(self.numbers),
+            {key: list(v) for key, v in self.values.items()},
+            set(self.kinds),
+        )
+
 
 class CatalogueIndex:
     """The catalogue over the served item indices 0..n-1 (`ids(j)`: an index's external id): each
     category's and attribute value's items, each number attribute's values, and who is hidden, so a
-    filter is a few boolean array operations."""
+    filter is a few boolean array operations. `base`: the index of the same records over fewer items
+    (states only grow), whose items are taken as they are: only the new ones are read."""
 
-    def __init__(self, records: Mapping[str, ItemRecord], n_items: int, ids: Callable[[int], str]) -> None:
+    _categories: dict[str, list[int]]
+    _attributes: dict[str, _Attribute]
+
+    def __init__(
+        self,
+        records: Mapping[str, ItemRecord],
+        n_items: int,
+        ids: Callable[[int], str],
+        base: CatalogueIndex | None = None,
+    ) -> None:
         self.n_items = n_items
         self.hidden = np.zeros(n_items, dtype=bool)
         self.has_record = np.zeros(n_items, dtype=bool)
+        start = 0
         categories: dict[str, list[int]] = {}
         attributes: dict[str, _Attribute] = {}
-        for j in range(n_items):
+        if base is not None and base.n_items <= n_items:
+            start = base.n_items
+            self.hidden[:start], self.has_record[:start] = base.hidden, base.has_record
+            categories = {c: list(v) for c, v in base._categories.items()}
+            attributes = {name: a.copy() for name, a in base._attributes.items()}
+        for j in range(start, n_items):
             record = records.get(ids(j))
             if record is None:
                 continue
@@ -233,6 +252,7 @@ class CatalogueIndex:
                 a.values.setdefault(key, []).append(j)
                 if key[0] == "number":
                     a.numbers[j] = float(value)
+        self._categories = categories
         self.categories = {c: np.array(v, dtype=np.int64) for c, v in categories.items()}
         self._attributes = attributes
         self._numbers: dict[str, np.ndarray] = {}

@@ -195,6 +195,7 @@ class ServedModel:
         self._pending_lock = threading.Lock()
         self._durability_checked = 0.0
         self._catalogue: CatalogueIndex | None = None
+        self.catalogue_index()  # at start-up, not on the first request (seconds for 1e5 items)
         self.ratings: RatingLog | None = None
         self.replica: Replica | None = None
         self.durability = Durability(False, "no Redis configured (REDIS_URL): online ratings are off")
@@ -417,11 +418,11 @@ class ServedModel:
 
     def catalogue_index(self, state: OnlineState | None = None) -> CatalogueIndex:
         """The catalogue over the items of `state` (default: now), made once per number of items (an
-        index's id never changes: states only grow)."""
+        index's id never changes: states only grow), from the previous one: only new items are read."""
         n = (state or self.fold.state).known.n_items
         held = self._catalogue
         if held is None or held.n_items != n:
-            held = CatalogueIndex(self.catalogue, n, self.item_id)
+            held = CatalogueIndex(self.catalogue, n, self.item_id, held)
             self._catalogue = held
         return held
 

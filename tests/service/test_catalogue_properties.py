@@ -116,6 +116,9 @@ def test_a_filter_selects_exactly_the_records_it_holds_for(
         return
     assert mask.tolist() == [holds(f, r) for r in catalogue]
     assert index.visible.tolist() == [r is None or not r.hidden for r in catalogue]
+    grown = CatalogueIndex(kept, len(catalogue), str, CatalogueIndex(kept, len(catalogue) // 2, str))
+    assert grown.select(as_filter(f), ["filter"])[0].tolist() == mask.tolist()  # only new items read
+    assert grown.visible.tolist() == index.visible.tolist()
 
 
 def rec_filter() -> st.SearchStrategy[dict[str, Any]]:
