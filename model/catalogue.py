@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -94,6 +95,106 @@ class ItemRecord(BaseModel):
         return self.model_dump(exclude_defaults=True)
 
 
+class ItemPatch(BaseModel):
+    """A change to part of a record (PATCH /items/{id}): each field given replaces the record's, and null
+    resets it to its default (no categories, not hidden, no title); `attributes` merge name by name, a
+    null value removing that attribute (JSON merge patch, RFC 7396; to drop every attribute, PUT the
+    record)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    categories: list[Name] | None = Field(default=None, max_length=MAX_CATEGORIES)
+    attributes: dict[str, AttributeValue | None] | None = Field(default=None, max_length=MAX_ATTRIBUTES)
+    hidden: bool | None = None
+    title: Annotated[str, StringConstraints(max_length=MAX_STRING_LENGTH)] | None = None
+
+    @field_validator("attributes")
+    @classmethod
+    def _names(cls, attributes: dict[str, Any] | None) -> dict[str, Any]:
+        if attributes is None:
+            raise ValueError("attributes is an object of changes (a null value removes one attribute)")
+        return ItemRecord._names(attributes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields given, as given (null included)."""
+        return self.model_dump(include=self.model_fields_set)
+
+
+@dataclass(frozen=True)
+class ItemChange:
+    """One online change of an item's record, as the stream holds it: the whole record (`replace`, PUT)
+    or a merge patch (PATCH). Changes compose (`then`), so a run of them is kept as one; applied to the
+    record before them (`applied_to`) it gives the record after them."""
+
+    replace: bool
+    patch: ItemPatch
+
+    @classmethod
+    def whole(cls, record: ItemRecord) -> ItemChange:
+        """PUT: the record as it is to be, whatever it was."""
+        fields = record.model_dump()
+        return cls(True, ItemPatch.model_validate(fields))
+
+    def applied_to(self, record: ItemRecord | None) -> ItemRecord:
+        """The record after this change (ValueError where the result breaks a limit, e.g. more than
+        MAX_ATTRIBUTES after a merge)."""
+        before = ItemRecord() if self.replace or record is None else record
+        given = self.patch.model_fields_set
+        fields: dict[str, Any] = before.model_dump()
+        for name, default in (("categories", []), ("hidden", False), ("title", None)):
+            if name in given:
+                value = getattr(self.patch, name)
+                fields[name] = default if value is None else value
+        if self.patch.attributes is not None:
+            merged = dict(fields["attributes"])
+            for name, value in self.patch.attributes.items():
+                if value is None:
+                    merged.pop(name, None)
+                else:
+                    merged[name] = value
+            fields["attributes"] = merged
+        try:
+            return ItemRecord.model_validate(fields)
+        except ValidationError as exc:
+            raise ValueError(_problems(exc)) from None
+
+    def then(self, later: ItemChange) -> ItemChange:
+        """This change followed by `later`, as one (for any record r: `a.then(b).applied_to(r)` is
+        `b.applied_to(a.applied_to(r))`); ValueError where a whole record would break a limit."""
+        if later.replace:
+            return later
+        if self.replace:
+            return ItemChange.whole(later.applied_to(self.applied_to(None)))
+        mine, theirs = self.patch.to_json(), later.patch.to_json()
+        fields = {**mine, **theirs}
+        if "attributes" in mine and "attributes" in theirs:
+            fields["attributes"] = {**mine["attributes"], **theirs["attributes"]}
+        return ItemChange(False, ItemPatch.model_validate(fields))
+
+    def to_json(self) -> dict[str, Any]:
+        """As the compacted head and a fold-in snapshot hold it: {"record": {...}} or {"patch": {...}}."""
+        if self.replace:
+            return {"record": self.applied_to(None).to_json()}
+        return {"patch": self.patch.to_json()}
+
+    @classmethod
+    def from_json(cls, value: Any) -> ItemChange:
+        """Inverse of `to_json` (and of a stream entry's `record` or `patch` field, parsed); ValueError for
+        anything else."""
+        if not isinstance(value, dict) or len(value) != 1 or not ({"record", "patch"} & value.keys()):
+            raise ValueError('an item change is {"record": {...}} or {"patch": {...}}')
+        try:
+            if "record" in value:
+                return cls.whole(ItemRecord.model_validate(value["record"]))
+            return cls(False, ItemPatch.model_validate(value["patch"]))
+        except ValidationError as exc:
+            raise ValueError(_problems(exc)) from None
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors())
+
+
 class CatalogueError(ValueError):
     """A catalogue file that cannot be read: says which file, which line and what is wrong."""
 
@@ -110,10 +211,7 @@ def _record(fields: dict[str, Any], where: str) -> ItemRecord:
     try:
         return ItemRecord.model_validate(fields)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in exc.errors()
-        )
-        raise CatalogueError(f"{where}: {problems}") from None
+        raise CatalogueError(f"{where}: {_problems(exc)}") from None
 
 
 def _add(out: dict[str, ItemRecord], item: str, record: ItemRecord, where: str) -> None:

@@ -19,6 +19,10 @@ applied on top of it by `FoldIn.apply`:
 - the inference mode's scorer takes the change (`updated`): the exact CRF's known field by the changed
   rows' and columns' terms alone (model/exact/), the paper's partitions drawn again.
 
+Catalogue changes (PUT and PATCH /items/{id}) arrive in the same stream and fold in with the ratings:
+each changed item's record as it now is (`OnlineState.records`, over the artifact's catalogue), so a
+snapshot covers them as it covers the ratings. They change no prediction.
+
 Each state is a new immutable `OnlineState`, published by one assignment: a reader takes `fold.state`
 once and sees one consistent model.
 """
@@ -31,12 +35,13 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 
 import numpy as np
 
 from model.artifact import Artifact
+from model.catalogue import ItemChange, ItemRecord
 from model.config import InferenceConfig
 from model.engine import Network, nearest_level
 from model.exact import BiasModel, ExactScorer
@@ -53,8 +58,9 @@ Embed = Callable[[Array], Array]
 USER_SHRINK, ITEM_SHRINK = 2.0, 5.0
 """Ridge penalties of the bias baseline that predicts a new item until it has an embedding."""
 
-SNAPSHOT_FORMAT = 1
-"""The layout of `FoldIn.snapshot`'s payload; a snapshot of another layout is refused."""
+SNAPSHOT_FORMAT = 2
+"""The layout of `FoldIn.snapshot`'s payload; a snapshot of another layout is refused (1: before
+catalogue changes)."""
 
 
 class SnapshotError(ValueError):
@@ -87,6 +93,18 @@ class OnlineState:
     """Users forgotten (DELETE /users/{id}): every rating of theirs taken back, and unknown to queries."""
     published: float = field(default_factory=time.monotonic)
     """When this state was made (time.monotonic): it holds every rating applied before then."""
+    records: Mapping[str, ItemRecord] = field(default_factory=dict)
+    """item id -> its catalogue record as online changes left it, for every item changed online (the
+    others: the artifact's catalogue)."""
+    record_versions: Mapping[str, int] = field(default_factory=dict)
+    """item id -> `records_applied` of the state in which its record last changed."""
+    records_applied: int = 0
+    """How many online catalogue changes this state includes."""
+
+    @property
+    def writes(self) -> int:
+        """Online ratings and catalogue changes this state includes (what a snapshot counts)."""
+        return self.applied + self.records_applied
 
     def user_version(self, user: int) -> tuple[int, int]:
         """What the user's own part of its answers depends on (`ExactScorer.row_parts`): equal in two
@@ -245,20 +263,54 @@ class FoldIn:
         """The items the user rated online, in `state` (default the published one)."""
         return list((state or self.state).online.get(user, ()))
 
-    def apply(self, ratings: Sequence[tuple[str, str, float | None]]) -> None:
+    def record(self, item: str, state: OnlineState | None = None) -> ItemRecord | None:
+        """The item's catalogue record in `state` (default the published one): as online changes left it,
+        else the artifact's; None where it has none."""
+        online = (state or self.state).records
+        return online[item] if item in online else (self.artifact.catalogue or {}).get(item)
+
+    def apply(
+        self,
+        ratings: Sequence[tuple[str, str, float | None]],
+        items: Sequence[tuple[str, ItemChange]] = (),
+    ) -> None:
         """Fold in (external user id, external item id, rating) triples, in order; later ones win. A rating
         None retracts the pair's rating (online or the artifact's); a pair of an unknown user or item has
         none to retract. (user, FORGET, None) forgets the user: every rating of theirs is taken back and the
-        user is unknown to queries until a later rating of theirs."""
-        if not ratings:
+        user is unknown to queries until a later rating of theirs. `items`: catalogue changes (item id,
+        change), in order; ValueError (nothing applied) where one leaves a record past a limit."""
+        if not ratings and not items:
             return
         with self._lock:
-            undo = self._checkpoint()
+            records = self._changed_records(items)  # checked before anything changes
+            if ratings:
+                undo = self._checkpoint()
+                try:
+                    self._apply(ratings, undo)
+                except BaseException:  # nothing published: the next state is built whole or not at all
+                    self._rollback(undo)
+                    raise
+            if records:
+                old = self.state
+                count = old.records_applied + len(items)
+                self.state = replace(
+                    old,
+                    records={**old.records, **records},
+                    record_versions={**old.record_versions, **dict.fromkeys(records, count)},
+                    records_applied=count,
+                    published=time.monotonic(),
+                )
+
+    def _changed_records(self, items: Sequence[tuple[str, ItemChange]]) -> dict[str, ItemRecord]:
+        """The records the changes leave, by item (the caller holds the lock); ValueError naming the item
+        whose change breaks a limit."""
+        out: dict[str, ItemRecord] = {}
+        for item, change in items:
             try:
-                self._apply(ratings, undo)
-            except BaseException:  # nothing published: the next state is built whole or not at all
-                self._rollback(undo)
-                raise
+                out[item] = change.applied_to(out[item] if item in out else self.record(item))
+            except ValueError as exc:
+                raise ValueError(f"the catalogue change of item {item!r}: {exc}") from None
+        return out
 
     def _checkpoint(self) -> _Checkpoint:
         """What `_apply` may change before it publishes a state (the caller holds the lock)."""
@@ -348,10 +400,13 @@ class FoldIn:
             {**old.changed, **dict.fromkeys(touched_users.tolist(), applied)},
             applied if items_changed else old.items_changed,
             frozenset(self._forgotten),
+            records=old.records,
+            record_versions=old.record_versions,
+            records_applied=old.records_applied,
         )
 
     def snapshot(self) -> tuple[int, bytes]:
-        """The published state and what later ratings build on, as (applied, payload): an .npz of plain
+        """The published state and what later ratings build on, as (writes, payload): an .npz of plain
         arrays (no pickles) that `restore` turns back into this state. What `apply` computes per rating
         (embeddings, refinements, biases, the known ratings in their order) is stored, so restoring costs
         one scorer update, not a replay; a later `apply` continues exactly as it would have here."""
@@ -388,26 +443,45 @@ class FoldIn:
                 "known_cols": known.cols,
                 "known_values": known.values,
                 "changed": changed,
+                "catalogue": np.frombuffer(
+                    json.dumps(
+                        {
+                            "applied": state.records_applied,
+                            "records": [
+                                [item, record.to_json(), state.record_versions[item]]
+                                for item, record in state.records.items()
+                            ],
+                        }
+                    ).encode(),
+                    dtype=np.uint8,
+                ),
                 **{f"scorer_{name}": value for name, value in state.scorer.online_tables().items()},
             }
             buffer = io.BytesIO()
             np.savez(buffer, allow_pickle=False, **arrays)
-            return state.applied, buffer.getvalue()
+            return state.writes, buffer.getvalue()
 
     def restore(self, payload: bytes) -> int:
-        """Take the state of a `snapshot` of this artifact's fold-in; returns how many online ratings it
-        includes. Only a fold-in that has applied nothing yet can restore. Raises SnapshotError when the
-        payload is of another layout or artifact, or its arrays do not fit together; this fold-in is
-        then unchanged."""
+        """Take the state of a `snapshot` of this artifact's fold-in; returns how many online ratings and
+        catalogue changes it includes (`OnlineState.writes`). Only a fold-in that has applied nothing yet
+        can restore. Raises SnapshotError when the payload is of another layout or artifact, or its arrays
+        do not fit together; this fold-in is then unchanged."""
         try:
             with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
                 a = {name: npz[name] for name in npz.files}
             fmt, applied, items_changed, n, m, n_base = (int(x) for x in a["format"])
             ids = json.loads(a["ids"].tobytes().decode())
+            catalogue = json.loads(a["catalogue"].tobytes().decode()) if "catalogue" in a else None
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             raise SnapshotError(f"not a fold-in snapshot: {exc}") from exc
-        if fmt != SNAPSHOT_FORMAT:
+        if fmt != SNAPSHOT_FORMAT or catalogue is None:
             raise SnapshotError(f"snapshot layout {fmt}, this code reads {SNAPSHOT_FORMAT}")
+        try:
+            records = {str(i): ItemRecord.model_validate(r) for i, r, _ in catalogue["records"]}
+            versions = {str(i): int(v) for i, _, v in catalogue["records"]}
+            records_applied = int(catalogue["applied"])
+        except (KeyError, TypeError, ValueError) as exc:  # pydantic's ValidationError too
+            raise SnapshotError(f"the snapshot's catalogue cannot be read: {exc}") from None
         config = self.artifact.config
         if (n, m, n_base) != (config.n_users, config.n_items, len(self._base)):
             raise SnapshotError("the snapshot is of another artifact (its matrix or ratings differ)")
@@ -415,14 +489,17 @@ class FoldIn:
         items = self._items[:m] + [str(j) for j in ids["items"]]
         try:
             with self._lock:
-                if self.state.applied:
+                if self.state.writes:
                     raise SnapshotError("only a fold-in that has applied nothing can restore")
                 self._restore(a, users, items, applied, items_changed)
+                self.state = replace(
+                    self.state, records=records, record_versions=versions, records_applied=records_applied
+                )
         except (KeyError, IndexError, ValueError) as exc:
             if isinstance(exc, SnapshotError):
                 raise
             raise SnapshotError(f"the snapshot's arrays do not fit together: {exc}") from exc
-        return applied
+        return self.state.writes
 
     def _restore(
         self, a: dict[str, np.ndarray], users: list[str], items: list[str], applied: int, items_changed: int

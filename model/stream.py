@@ -7,9 +7,12 @@ An entry is one of
     {user, item, rating}    a rating (a later one of the same pair replaces it)
     {user, item, retract}   the user took the rating of the item back (DELETE /ratings)
     {user, forget}          forget the user: every rating of theirs before it is gone (DELETE /users/{id})
+    {item, record}          the item's catalogue record, whole (PUT /items/{id}; JSON, model/catalogue.py)
+    {item, patch}           a change to part of it (PATCH /items/{id}; a JSON merge patch)
 
 with external ids of 1 to MAX_ID_LENGTH characters. Anything else is poison: the service skips it (and
-copies it to the dead-letter stream), and so does the trainer.
+copies it to the dead-letter stream), and so does the trainer. Ratings and catalogue changes share the one
+stream, so both are durable, ordered, replicated, compacted and snapshotted by the same code.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from model.catalogue import ItemChange
 
 HIDDEN = "***"
 """What a password is shown as."""
@@ -38,6 +44,9 @@ RETRACT = "retract"
 FORGET_FIELD = "forget"
 """The stream field that marks forgetting a user (in place of `item` and `rating`)."""
 
+RECORD, PATCH = "record", "patch"
+"""The stream fields of a catalogue change (with `item`): the whole record, or a merge patch (JSON)."""
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -52,6 +61,19 @@ class Entry:
     def fields(self) -> dict[str, str]:
         """Its stream fields, as the dead-letter stream shows a refused entry's."""
         return entry_fields(self.user, self.item, self.rating)
+
+
+@dataclass(frozen=True)
+class ItemEntry:
+    """One catalogue change as applied: stream id, external item id, the change (model/catalogue.py)."""
+
+    id: str
+    item: str
+    change: ItemChange
+
+    def fields(self) -> dict[str, str]:
+        """Its stream fields."""
+        return item_fields(self.item, self.change)
 
 
 @dataclass(frozen=True)
@@ -74,15 +96,38 @@ def entry_fields(user: str, item: str, rating: float | None) -> dict[str, str]:
     return {"user": user, "item": item, "rating": repr(float(rating))}
 
 
-def parse_entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | Poison:
-    """A stream entry (its id and fields, as Redis returns them) as an Entry, or as Poison saying what is
-    wrong with it."""
+def item_fields(item: str, change: ItemChange) -> dict[str, str]:
+    """A catalogue change's stream fields: {item, record} or {item, patch}."""
+    ((kind, value),) = change.to_json().items()
+    return {"item": item, kind: json.dumps(value, ensure_ascii=False, separators=(",", ":"))}
+
+
+def _item_entry(eid: str, f: dict[str, str], shown: dict[str, str]) -> ItemEntry | Poison:
+    from model.catalogue import ItemChange  # model.catalogue reads this module's limits
+
+    if "user" in f or (RECORD in f and PATCH in f):
+        return Poison(eid, shown, "a catalogue change has an item and one of record, patch; nothing else")
+    if not 0 < len(f.get("item", "")) <= MAX_ID_LENGTH:
+        return Poison(eid, shown, f"a catalogue change needs an item id of 1 to {MAX_ID_LENGTH} characters")
+    kind = RECORD if RECORD in f else PATCH
+    try:
+        change = ItemChange.from_json({kind: json.loads(f[kind])})
+    except ValueError as exc:  # json.JSONDecodeError too
+        return Poison(eid, shown, f"catalogue {kind}: {exc}")
+    return ItemEntry(eid, f["item"], change)
+
+
+def parse_entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | ItemEntry | Poison:
+    """A stream entry (its id and fields, as Redis returns them) as an Entry (a rating, retraction or
+    forget), an ItemEntry (a catalogue change), or as Poison saying what is wrong with it."""
     eid = text(entry_id)
     decoded = {_text_or_none(k): _text_or_none(v) for k, v in fields.items()}
     f = {k: v for k, v in decoded.items() if k is not None and v is not None}
     shown = {k: v[:MAX_ID_LENGTH] for k, v in f.items()}
     if len(f) != len(decoded) or None in decoded.values():
         return Poison(eid, shown, "a field that is not UTF-8")
+    if RECORD in f or PATCH in f:
+        return _item_entry(eid, f, shown)
     if FORGET_FIELD in f and "user" in f and 0 < len(f["user"]) <= MAX_ID_LENGTH:
         return Entry(eid, f["user"], FORGET, None)
     missing = [name for name in ("user", "item") if name not in f]
@@ -123,15 +168,18 @@ def off_levels(entries: list[Entry], levels: Any) -> list[Poison]:
 @dataclass(frozen=True)
 class Compacted:
     """The stream's entries up to `last`, consolidated as a replay leaves them: the users forgotten, the
-    pairs whose last entry took the rating back, and each pair's latest rating (in the order of those
-    ratings). Folding in `entries()` gives the state the original entries gave (as a replay's state depends
-    on the ratings, not on their batches)."""
+    pairs whose last entry took the rating back, each pair's latest rating (in the order of those
+    ratings), and each item's catalogue change. Folding in `entries()` and `items` gives the state the
+    original entries gave (as a replay's state depends on the ratings, not on their batches)."""
 
     last: str
     identity: str | None
     ratings: tuple[tuple[str, str, float], ...]
     retracted: tuple[tuple[str, str], ...]
     forgotten: tuple[str, ...]
+    items: tuple[tuple[str, ItemChange], ...] = ()
+    """Each changed item's catalogue changes, composed into one (`ItemChange.then`), in the order of the
+    items' first change."""
 
     def entries(self) -> list[tuple[str, str, float | None]]:
         """(user, item, rating) triples to fold in: forgets, then retractions, then ratings."""
@@ -149,12 +197,15 @@ class Compacted:
                 "ratings": self.ratings,
                 "retracted": self.retracted,
                 "forgotten": self.forgotten,
+                "items": [[item, change.to_json()] for item, change in self.items],
             }
         )
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Compacted:
         """Inverse of `to_json`; ValueError for anything else."""
+        from model.catalogue import ItemChange
+
         try:
             d = json.loads(raw)
             if d.get("format") != 1:
@@ -165,6 +216,7 @@ class Compacted:
                 tuple((str(u), str(i), float(r)) for u, i, r in d["ratings"]),
                 tuple((str(u), str(i)) for u, i in d["retracted"]),
                 tuple(str(u) for u in d["forgotten"]),
+                tuple((str(i), ItemChange.from_json(c)) for i, c in d.get("items", ())),  # older heads: none
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a compacted head: {exc}") from None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -193,22 +193,59 @@ class _Attribute:
     present: list[int] = field(default_factory=list)
     numbers: dict[int, float] = field(default_factory=dict)
     values: dict[tuple[str, object], list[int]] = field(default_factory=dict)
-    kinds: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)
+    """How many items hold a value of each kind (bool, number, string, list)."""
+
+    @property
+    def kinds(self) -> set[str]:
+        return {kind for kind, count in self.counts.items() if count}
 
     def copy(self) -> _Attribute:
         return _Attribute(
             list(self.present),
             dict(self.numbers),
             {key: list(v) for key, v in self.values.items()},
-            set(self.kinds),
+            dict(self.counts),
         )
+
+
+def _value_keys(value: object) -> tuple[str, list[tuple[str, object]]]:
+    """(kind, the keys it is looked up by) of an attribute value."""
+    if isinstance(value, list):
+        return "list", [("string", v) for v in value]
+    key = _key(value)
+    return key[0], [key]
+
+
+class CatalogueView(Mapping[str, ItemRecord]):
+    """The records as one state has them: those changed online (`online`) over the artifact's (`base`),
+    in the artifact's order, then the items only online changes know, in the order of their first
+    change."""
+
+    def __init__(self, base: Mapping[str, ItemRecord], online: Mapping[str, ItemRecord]) -> None:
+        self.base, self.online = base, online
+
+    def __getitem__(self, item: str) -> ItemRecord:
+        return self.online[item] if item in self.online else self.base[item]
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.online or item in self.base
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.base
+        yield from (item for item in self.online if item not in self.base)
+
+    def __len__(self) -> int:
+        return len(self.base) + sum(1 for item in self.online if item not in self.base)
 
 
 class CatalogueIndex:
     """The catalogue over the served item indices 0..n-1 (`ids(j)`: an index's external id): each
     category's and attribute value's items, each number attribute's values, and who is hidden, so a
-    filter is a few boolean array operations. `base`: the index of the same records over fewer items
-    (states only grow), whose items are taken as they are: only the new ones are read."""
+    filter is a few boolean array operations. `base`: the index over fewer items or an older version of
+    the records (states only grow), taken as it is but for its items in `changed` (indices whose record
+    changed since): only those and the new items are read. `version`: how many online catalogue changes
+    `records` includes."""
 
     _categories: dict[str, list[int]]
     _attributes: dict[str, _Attribute]
@@ -219,46 +256,72 @@ class CatalogueIndex:
         n_items: int,
         ids: Callable[[int], str],
         base: CatalogueIndex | None = None,
+        changed: Sequence[int] = (),
+        version: int = 0,
     ) -> None:
-        self.n_items = n_items
+        self.n_items, self.records, self.version = n_items, records, version
         self.hidden = np.zeros(n_items, dtype=bool)
         self.has_record = np.zeros(n_items, dtype=bool)
         start = 0
         categories: dict[str, list[int]] = {}
         attributes: dict[str, _Attribute] = {}
+        again: list[int] = []
         if base is not None and base.n_items <= n_items:
             start = base.n_items
             self.hidden[:start], self.has_record[:start] = base.hidden, base.has_record
-            categories = {c: list(v) for c, v in base._categories.items()}
-            attributes = {name: a.copy() for name, a in base._attributes.items()}
-        for j in range(start, n_items):
+            again = sorted({j for j in changed if j < start})
+            categories, attributes = base._without(again, ids)
+        for j in [*again, *range(start, n_items)]:
             record = records.get(ids(j))
+            self.has_record[j] = record is not None
+            self.hidden[j] = record is not None and record.hidden
             if record is None:
                 continue
-            self.has_record[j] = True
-            self.hidden[j] = record.hidden
             for c in record.categories:
                 categories.setdefault(c, []).append(j)
             for name, value in record.attributes.items():
                 a = attributes.setdefault(name, _Attribute())
                 a.present.append(j)
-                if isinstance(value, list):
-                    a.kinds.add("list")
-                    for v in value:
-                        a.values.setdefault(("string", v), []).append(j)
-                    continue
-                key = _key(value)
-                a.kinds.add(key[0])
-                a.values.setdefault(key, []).append(j)
-                if key[0] == "number":
-                    a.numbers[j] = float(value)
+                kind, keys = _value_keys(value)
+                a.counts[kind] = a.counts.get(kind, 0) + 1
+                for key in keys:
+                    a.values.setdefault(key, []).append(j)
+                if kind == "number":
+                    a.numbers[j] = float(value)  # type: ignore[arg-type]
         self._categories = categories
-        self.categories = {c: np.array(v, dtype=np.int64) for c, v in categories.items()}
+        self.categories = {c: np.array(v, dtype=np.int64) for c, v in categories.items() if v}
         self._attributes = attributes
         self._numbers: dict[str, np.ndarray] = {}
         self.visible = ~self.hidden
         self._selected: OrderedDict[str, tuple[np.ndarray, tuple[str, ...]]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def _without(
+        self, items: list[int], ids: Callable[[int], str]
+    ) -> tuple[dict[str, list[int]], dict[str, _Attribute]]:
+        """Copies of this index's category and attribute lists without `items` (read from the records it
+        was built from): each list that held one of them is filtered once."""
+        categories = {c: list(v) for c, v in self._categories.items()}
+        attributes = {name: a.copy() for name, a in self._attributes.items()}
+        gone = set(items)
+        lists: dict[int, list[int]] = {}  # by id(): each list filtered once
+        for j in items:
+            record = self.records.get(ids(j))
+            if record is None:
+                continue
+            for c in record.categories:
+                lists[id(categories[c])] = categories[c]
+            for name, value in record.attributes.items():
+                a = attributes[name]
+                lists[id(a.present)] = a.present
+                kind, keys = _value_keys(value)
+                a.counts[kind] -= 1
+                a.numbers.pop(j, None)
+                for key in keys:
+                    lists[id(a.values[key])] = a.values[key]
+        for held in lists.values():
+            held[:] = [j for j in held if j not in gone]
+        return categories, attributes
 
     def _mask(self, indices: list[int] | np.ndarray) -> np.ndarray:
         out = np.zeros(self.n_items, dtype=bool)
@@ -320,7 +383,7 @@ class CatalogueIndex:
             return self._mask(np.concatenate(found)) if found else np.zeros(self.n_items, dtype=bool)
         assert isinstance(clause, Equals | OneOf | Range | Exists)
         a = self._attributes.get(clause.attribute)
-        if a is None:
+        if a is None or not a.present:  # none has it, or those that had it changed
             notes.append(f"no item has the attribute {clause.attribute!r}")
             return np.zeros(self.n_items, dtype=bool)
         if isinstance(clause, Exists):

@@ -33,6 +33,7 @@ from redis.retry import Retry
 from model.stream import (
     Compacted,
     Entry,
+    ItemEntry,
     Page,
     Poison,
     cluster_url,
@@ -96,7 +97,7 @@ class Read:
     """One read of the stream (`RatingLog.read`): the entries after an id, parsed, and the `Page` they came
     in (what was deleted and added at that instant)."""
 
-    entries: list[Entry | Poison]
+    entries: list[Entry | ItemEntry | Poison]
     page: Page
 
 
@@ -217,21 +218,31 @@ class RatingLog:
         wait_replicas: int = 0,
     ) -> str:
         """Append (user, item, rating) triples as one transaction (rating None: a retraction); returns the
-        last entry's id. With `require_durable`, the server's settings are read first (one round trip) and
-        NotDurable raised, nothing written, when they could lose the write; with `wait_replicas`, the
-        answer waits until that many replicas have the batch. Raises redis.RedisError when Redis fails:
-        `stored_unknown(exc)` says whether the batch may have been stored (all of it or nothing)."""
+        last entry's id (`append_fields`)."""
+        return self.append_fields([entry_fields(*r) for r in ratings], require_durable, wait_replicas)
+
+    def append_fields(
+        self,
+        entries: Sequence[dict[str, str]],
+        require_durable: bool = False,
+        wait_replicas: int = 0,
+    ) -> str:
+        """Append entries (their fields, model/stream.py: ratings, catalogue changes) as one transaction;
+        returns the last entry's id. With `require_durable`, the server's settings are read first (one
+        round trip) and NotDurable raised, nothing written, when they could lose the write; with
+        `wait_replicas`, the answer waits until that many replicas have the batch. Raises
+        redis.RedisError when Redis fails: `stored_unknown(exc)` says whether the batch may have been
+        stored (all of it or nothing)."""
         if require_durable:
             self.verdict = self._durable_now(self.write_client, wait_replicas)
             if not self.verdict.durable:
                 raise NotDurable(self.verdict.detail)
-        if len(ratings) == 1:  # one command is atomic by itself: no MULTI/EXEC around it
-            fields = entry_fields(*ratings[0])
-            last = text(self.write_client.xadd(self.key, fields))  # type: ignore[arg-type]
+        if len(entries) == 1:  # one command is atomic by itself: no MULTI/EXEC around it
+            last = text(self.write_client.xadd(self.key, entries[0]))  # type: ignore[arg-type]
         else:
             pipe = self.write_client.pipeline(transaction=True)
-            for user, item, rating in ratings:
-                pipe.xadd(self.key, entry_fields(user, item, rating))  # type: ignore[arg-type]
+            for fields in entries:
+                pipe.xadd(self.key, fields)  # type: ignore[arg-type]
             last = text(pipe.execute()[-1])
         if wait_replicas:
             timeout_ms = max(1, int(self.write_timeout_s * 800))  # the answer comes before the socket's

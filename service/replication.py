@@ -42,8 +42,9 @@ import redis
 
 import service.online
 from model.artifact import Artifact
+from model.catalogue import ItemChange
 from model.online import FoldIn, SnapshotError
-from model.stream import Compacted, Entry, Page, Poison, stream_order
+from model.stream import Compacted, Entry, ItemEntry, Page, Poison, stream_order
 from service.metrics import Metrics
 from service.online import HeadUnreadable, RatingLog
 from service.settings import Settings
@@ -90,8 +91,8 @@ class Replica:
         snapshots: SnapshotStore,
         settings: Settings,
         metrics: Metrics,
-        check: Callable[[list[Entry]], list[Poison]],
-        apply: Callable[[list[Entry]], None],
+        check: Callable[[list[Entry | ItemEntry]], list[Poison]],
+        apply: Callable[[list[Entry | ItemEntry]], None],
     ) -> None:
         """`check(entries)` says which entries the model cannot take (as Poison); `apply(entries)` folds
         the others in, wholly or not at all (raises on failure: PASSING ones are retried)."""
@@ -133,7 +134,7 @@ class Replica:
         self._waiters_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._snapshot_checked = 0.0
-        self._snapshot_known = 0  # `applied` of the newest snapshot this worker knows is stored
+        self._snapshot_known = 0  # `writes` of the newest snapshot this worker knows is stored
 
     # -- readiness and what it reports -------------------------------------------------------------------
     @property
@@ -314,11 +315,11 @@ class Replica:
                     break  # following: one fold-in per round (what arrived meanwhile waits for the next)
             self.phase, self.reason = Phase.FOLLOWING, "following"
 
-    def _fold(self, entries: list[Entry | Poison]) -> None:
+    def _fold(self, entries: list[Entry | ItemEntry | Poison]) -> None:
         """Fold entries that follow the last one applied in (the caller holds the lock): poison skipped,
         the rest as one batch; a batch that fails for a reason that passes raises (nothing applied), one
         that fails otherwise is applied one entry at a time, skipping only the entries that fail alone."""
-        valid = [e for e in entries if isinstance(e, Entry)]
+        valid = [e for e in entries if not isinstance(e, Poison)]
         poison = [e for e in entries if isinstance(e, Poison)] + self.check(valid)
         refused = {p.id: p for p in poison}
         for bad in sorted(poison, key=lambda p: stream_order(p.id)):
@@ -334,7 +335,7 @@ class Replica:
                 if entry.id in refused:
                     self._advance(entry.id)
                     continue
-                assert isinstance(entry, Entry)
+                assert not isinstance(entry, Poison)
                 try:
                     self.apply([entry])
                 except PASSING:
@@ -433,10 +434,12 @@ class Replica:
 
     def _fold_head(self, head: Compacted) -> None:
         """Fold a compacted head's entries in, in batches of HEAD_CHUNK (its order kept: forgets, then
-        retractions, then ratings)."""
+        retractions, then ratings; then the catalogue changes)."""
         entries = head.entries()
         for start in range(0, len(entries), HEAD_CHUNK):
             self.fold.apply(entries[start : start + HEAD_CHUNK])
+        for start in range(0, len(head.items), HEAD_CHUNK * 10):
+            self.fold.apply([], head.items[start : start + HEAD_CHUNK * 10])
 
     def _place(self) -> None:
         """Before the first read: start from the newest fold-in snapshot of this model in Redis where
@@ -494,7 +497,7 @@ class Replica:
         self._snapshot_known = applied
         self.metrics.snapshots.labels("restored").inc()
         log.info(
-            "started from the fold-in snapshot of %d online ratings (stream up to %s) in %.2fs",
+            "started from the fold-in snapshot of %d online writes (stream up to %s) in %.2fs",
             applied,
             snapshot.last,
             time.perf_counter() - began,
@@ -507,7 +510,7 @@ class Replica:
         stored one, or any past it and `snapshot_interval_s` since it was written. At most one worker
         writes at a time (a lease); a Redis failure is logged and counted, and it is tried again later."""
         interval = self.settings.snapshot_interval_s
-        applied = self.fold.state.applied
+        applied = self.fold.state.writes
         now = time.monotonic()
         if (
             not interval
@@ -535,7 +538,7 @@ class Replica:
                 self._snapshot_known = count
                 self.metrics.snapshots.labels("written").inc()
                 log.info(
-                    "stored a fold-in snapshot of %d online ratings (%.1f MB, stream up to %s) in %.2fs",
+                    "stored a fold-in snapshot of %d online writes (%.1f MB, stream up to %s) in %.2fs",
                     count,
                     len(data) / 1e6,
                     last,
@@ -548,6 +551,11 @@ class Replica:
             log.warning("cannot store a fold-in snapshot now (%s); trying again later", exc)
 
 
-def entries_of(batch: Sequence[Entry]) -> list[tuple[str, str, float | None]]:
-    """Stream entries as the (user, item, rating) triples `FoldIn.apply` takes."""
-    return [(e.user, e.item, e.rating) for e in batch]
+def entries_of(batch: Sequence[Entry | ItemEntry]) -> list[tuple[str, str, float | None]]:
+    """The ratings among stream entries as the (user, item, rating) triples `FoldIn.apply` takes."""
+    return [(e.user, e.item, e.rating) for e in batch if isinstance(e, Entry)]
+
+
+def changes_of(batch: Sequence[Entry | ItemEntry]) -> list[tuple[str, ItemChange]]:
+    """The catalogue changes among stream entries as the (item, change) pairs `FoldIn.apply` takes."""
+    return [(e.item, e.change) for e in batch if isinstance(e, ItemEntry)]

@@ -20,7 +20,7 @@ import numpy as np
 import redis
 
 from model.artifact import Artifact
-from model.catalogue import ItemRecord
+from model.catalogue import ItemChange, ItemRecord
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
 from model.exact import RowParts, baseline_mixture, level_distribution
@@ -28,13 +28,13 @@ from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState
 from model.ratings import Ratings
 from model.scorers import check_inference
-from model.stream import Entry, Poison, off_levels
+from model.stream import Entry, ItemEntry, Poison, entry_fields, item_fields, off_levels
 from model.types import Array
-from service.catalogue import CatalogueIndex
+from service.catalogue import CatalogueIndex, CatalogueView
 from service.memory import release_memory
 from service.metrics import Metrics
 from service.online import Durability, NotDurable, RatingLog
-from service.replication import FoldInFailed, Replica, entries_of
+from service.replication import FoldInFailed, Replica, changes_of, entries_of
 from service.rows import UserParts, UserRow, UserRows
 from service.settings import Settings, inference_overrides
 from service.snapshot import SnapshotStore, fingerprint
@@ -194,7 +194,8 @@ class ServedModel:
         self._pending_items: set[str] = set()
         self._pending_lock = threading.Lock()
         self._durability_checked = 0.0
-        self._catalogue: CatalogueIndex | None = None
+        self._indexes: list[CatalogueIndex] = []  # the newest last; the one before for older states
+        self._index_lock = threading.Lock()
         self.catalogue_index()  # at start-up, not on the first request (seconds for 1e5 items)
         self.ratings: RatingLog | None = None
         self.replica: Replica | None = None
@@ -343,16 +344,20 @@ class ServedModel:
         with self._pending_lock:
             return user in self._pending_users
 
-    def _check(self, entries: list[Entry]) -> list[Poison]:
+    def _check(self, entries: list[Entry | ItemEntry]) -> list[Poison]:
         """The entries this model cannot fold in: a rating that is not one of its levels."""
-        return off_levels(entries, self.levels)
+        return off_levels([e for e in entries if isinstance(e, Entry)], self.levels)
 
-    def _apply(self, entries: list[Entry]) -> None:
+    def _apply(self, entries: list[Entry | ItemEntry]) -> None:
         """Fold stream entries into the model (the replica calls it, in stream order), wholly or not at
-        all; also reads Redis's persistence settings again every DURABILITY_REFRESH_S."""
+        all, and index the catalogue they leave (before a request needs it); also reads Redis's
+        persistence settings again every DURABILITY_REFRESH_S."""
         # No engine lock: requests go on with the state they took while the next one is built.
-        self.fold.apply(entries_of(entries))
-        release_memory()
+        ratings = entries_of(entries)
+        self.fold.apply(ratings, changes_of(entries))
+        self.catalogue_index()
+        if ratings:
+            release_memory()
         if time.monotonic() - self._durability_checked >= DURABILITY_REFRESH_S:
             self.refresh_durability()
 
@@ -363,11 +368,22 @@ class ServedModel:
         nothing stored); with DCMC_REDIS_WAIT_REPLICAS the answer waits for that many replicas. Raises
         redis.RedisError (service.online.stored_unknown says whether it may have been stored),
         NotDurable, or RuntimeError when online ratings are off."""
+        last = self._store([entry_fields(*r) for r in ratings])
+        self.metrics.ratings_written.inc(len(ratings))
+        return last  # the replica folds it in behind the answer (reads wait for it with `after`)
+
+    def write_items(self, changes: Sequence[tuple[str, ItemChange]]) -> str:
+        """Store a batch of catalogue changes (item id, change) as `write` stores ratings: in the same
+        stream, acknowledged once stored, folded in by every worker; returns the last one's stream id."""
+        return self._store([item_fields(item, change) for item, change in changes])
+
+    def _store(self, entries: list[dict[str, str]]) -> str:
+        """Append stream entries as one transaction (`write`)."""
         if self.ratings is None or self.replica is None:
-            raise RuntimeError("online ratings need Redis: set REDIS_URL")
+            raise RuntimeError("online writes need Redis: set REDIS_URL")
         try:
-            last = self.ratings.append(
-                ratings, self.settings.require_durable, self.settings.redis_wait_replicas
+            last = self.ratings.append_fields(
+                entries, self.settings.require_durable, self.settings.redis_wait_replicas
             )
         except NotDurable as exc:
             self.durability = Durability(False, str(exc))
@@ -375,8 +391,7 @@ class ServedModel:
             raise
         if self.ratings.verdict is not None:
             self.durability = self.ratings.verdict
-        self.metrics.ratings_written.inc(len(ratings))
-        return last  # the replica folds it in behind the answer (reads wait for it with `after`)
+        return last
 
     # -- queries -----------------------------------------------------------------------------------------
     def user_index(self, user: str, state: OnlineState | None = None) -> int:
@@ -411,20 +426,37 @@ class ServedModel:
             return self.settings.diversity
         return float((self.artifact.meta.get("ranking") or {}).get("diversity", 0.0))
 
-    @property
-    def catalogue(self) -> Mapping[str, ItemRecord]:
-        """The items' records (the artifact's; empty where it has none)."""
-        return self.artifact.catalogue or {}
+    def catalogue(self, state: OnlineState | None = None) -> Mapping[str, ItemRecord]:
+        """The items' records in `state` (default: now): the artifact's, as online changes left them."""
+        return CatalogueView(self.artifact.catalogue or {}, (state or self.fold.state).records)
 
     def catalogue_index(self, state: OnlineState | None = None) -> CatalogueIndex:
-        """The catalogue over the items of `state` (default: now), made once per number of items (an
-        index's id never changes: states only grow), from the previous one: only new items are read."""
-        n = (state or self.fold.state).known.n_items
-        held = self._catalogue
-        if held is None or held.n_items != n:
-            held = CatalogueIndex(self.catalogue, n, self.item_id, held)
-            self._catalogue = held
-        return held
+        """The catalogue over the items of `state` (default: now), made once per state's items and
+        catalogue version (an index's id never changes: states only grow), from the newest one: only new
+        items and those whose record changed since are read. The replica makes each state's after its
+        fold-in; the one before is kept for requests that still hold an older state."""
+        state = state or self.fold.state
+        n, version = state.known.n_items, state.records_applied
+        for held in reversed(self._indexes):
+            if held.n_items == n and held.version == version:
+                return held
+        newest = self._indexes[-1] if self._indexes else None
+        if newest is not None and newest.n_items == n and newest.version > version:
+            return newest  # an older state's items, with the catalogue as it is now
+        with self._index_lock:
+            newest = self._indexes[-1] if self._indexes else None
+            base = (
+                newest if newest is not None and newest.n_items <= n and newest.version <= version else None
+            )
+            changed: list[int] = []
+            if base is not None and version > base.version:
+                moved = [item for item, v in state.record_versions.items() if v > base.version]
+                found = self.fold.item_indices(moved, state)
+                changed = found[found >= 0].tolist()
+            index = CatalogueIndex(self.catalogue(state), n, self.item_id, base, changed, version)
+            if base is not None or newest is None:
+                self._indexes = [*self._indexes[-1:], index]
+        return index
 
     @property
     def state(self) -> OnlineState:

@@ -126,6 +126,8 @@ class Settings(BaseSettings):
     Content-Length, or while it streams in)."""
     max_ratings: PositiveInt = 1000
     """Largest `ratings` batch accepted by POST /ratings."""
+    max_item_changes: PositiveInt = 1000
+    """Largest `items` batch accepted by POST /items (catalogue changes)."""
     explain_k: PositiveInt = 5
     """Known ratings an explanation lists per prediction (`"explain": true`), largest effect first."""
     max_explain_items: PositiveInt = 100

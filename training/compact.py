@@ -3,8 +3,9 @@
 The stream `<prefix>:ratings` grows with every online rating. Once a retrain has read it up to an id Y and
 its artifact is published, the entries up to Y are in that artifact; compaction replaces them in Redis by
 their consolidated state (`model.stream.Compacted`: each pair's latest rating, the pairs taken back, the
-users forgotten), stored under `<prefix>:ratings:compacted`, and trims them from the stream (XTRIM MINID).
-Nothing acknowledged is lost: every rating is in the stream, or in the compacted head (and the artifact).
+users forgotten, each item's catalogue changes composed into one), stored under
+`<prefix>:ratings:compacted`, and trims them from the stream (XTRIM MINID). Nothing acknowledged is lost:
+every rating and catalogue change is in the stream, or in the compacted head (and the artifact).
 
 Who reads what afterwards:
 
@@ -121,6 +122,7 @@ def _compact(
         tuple(zip(online.users, online.items, online.values.tolist(), strict=True)),
         online.retracted,
         online.forgotten,
+        online.item_changes,
     )
     if not int(client.eval(SWAP_HEAD, 1, compacted_key(key), digest, head.to_json())):
         raise DataError(
@@ -142,6 +144,7 @@ def _compact(
         "ratings": len(head.ratings),
         "retracted": len(head.retracted),
         "forgotten": len(head.forgotten),
+        "item_changes": len(head.items),
         "trimmed": trimmed,
         "dead_letters_purged": purged,
     }

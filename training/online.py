@@ -33,10 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from model.catalogue import ItemChange, ItemRecord
 from model.stream import (
     FORGET,
     Compacted,
     Entry,
+    ItemEntry,
     compacted_key,
     connect,
     explained_by_purge,
@@ -80,6 +82,9 @@ class OnlineRatings:
     forgotten_now: tuple[str, ...] = ()
     """The forgotten users without a rating since their last forget: still forgotten (the artifact records
     them, so that the service keeps them unknown)."""
+    item_changes: tuple[tuple[str, ItemChange], ...] = ()
+    """Each item's catalogue changes (PUT/PATCH /items), composed into one, in the order of the items'
+    first change."""
 
 
 def stream_client(url: str, timeout_s: float) -> Any:
@@ -142,6 +147,7 @@ def _read_once(
     retracted: dict[tuple[str, str], None] = {}
     forgotten: dict[str, None] = {}
     rated_since: set[str] = set()  # forgotten users with a rating after their last forget: known again
+    changes: dict[str, ItemChange] = {}  # item -> its catalogue changes so far, composed
     last, count, skipped = "0", 0, 0
     raw: Any = client.get(identity_key(key))
     identity = text(raw) if raw is not None else None
@@ -155,7 +161,9 @@ def _read_once(
         retracted = dict.fromkeys(head.retracted)
         forgotten = dict.fromkeys(head.forgotten)
         rated_since = {u for u, _ in latest if u in forgotten}
-        last, count = head.last, len(head.ratings) + len(head.retracted) + len(head.forgotten)
+        changes = dict(head.items)
+        last = head.last
+        count = len(head.ratings) + len(head.retracted) + len(head.forgotten) + len(head.items)
     while True:
         page = read_page(client, key, last, PAGE, up_to or "+")
         if head_last(client, key) != started:
@@ -172,8 +180,16 @@ def _read_once(
             break
         parsed = [parse_entry(i, f) for i, f in page.entries]
         entries = [e for e in parsed if isinstance(e, Entry)]
+        for change in (e for e in parsed if isinstance(e, ItemEntry)):
+            held = changes.get(change.item)
+            try:
+                changes[change.item] = change.change if held is None else held.then(change.change)
+            except ValueError as exc:  # a whole record past a limit: the service skips it too
+                log.warning("skipping the catalogue change %s of item %r: %s", change.id, change.item, exc)
+                skipped += 1
+        catalogue = sum(1 for e in parsed if isinstance(e, ItemEntry))
         refused = {p.id for p in off_levels(entries, levels)} if levels is not None else set()
-        skipped += len(parsed) - len(entries) + len(refused)
+        skipped += len(parsed) - len(entries) - catalogue + len(refused)
         for entry in entries:
             if entry.id in refused:
                 continue
@@ -209,7 +225,27 @@ def _read_once(
         forgotten=tuple(forgotten),
         skipped=skipped,
         forgotten_now=tuple(u for u in forgotten if u not in rated_since),
+        item_changes=tuple(changes.items()),
     )
+
+
+def with_item_changes(
+    catalogue: dict[str, ItemRecord] | None, online: OnlineRatings
+) -> tuple[dict[str, ItemRecord] | None, int]:
+    """The catalogue as the stream's catalogue changes leave it (each applied to the item's record, as the
+    service applies them), and how many changes were skipped because they would break a limit."""
+    if not online.item_changes:
+        return catalogue, 0
+    out = dict(catalogue or {})
+    skipped = 0
+    for item, change in online.item_changes:
+        try:
+            out[item] = change.applied_to(out.get(item))
+        except ValueError as exc:
+            log.warning("the online catalogue change of item %r is skipped: %s", item, exc)
+            skipped += 1
+    log.info("catalogue: %d items changed online", len(online.item_changes) - skipped)
+    return out, skipped
 
 
 def with_online(data: RatingSplit, online: OnlineRatings) -> tuple[RatingSplit, dict[str, Any]]:

@@ -31,7 +31,7 @@ from training.config import (
 from training.data import Entries, RatingSplit, carve_validation, fold_carves, load_dataset
 from training.export import write_artifact
 from training.fold_in import choose_and_write, choose_refine
-from training.online import read_online_ratings, with_online
+from training.online import read_online_ratings, with_item_changes, with_online
 from training.trainer import History, RatingMatrix, member_seed, train_ensemble
 from training.tune import (
     DEFAULT_TRIALS,
@@ -182,9 +182,10 @@ def run_training(
     data = load_dataset(dataset, data_dir, split=split, seed=data_seed)
     dataset_record: dict[str, Any] = {"name": dataset, "split": split, "seed": data_seed}
     if online_ratings:  # the service's rating stream: extra training ratings (training/online.py)
-        data, dataset_record["online_ratings"] = with_online(
-            data, read_online_ratings(online_ratings, online_prefix, levels=data.levels)
-        )
+        online = read_online_ratings(online_ratings, online_prefix, levels=data.levels)
+        data, dataset_record["online_ratings"] = with_online(data, online)
+        catalogue, skipped = with_item_changes(catalogue, online)  # and its catalogue changes
+        dataset_record["online_ratings"]["item_changes"] = len(online.item_changes) - skipped
     sized_model: dict[str, Any] = {}
     if dataset == "csv" and preset_name == "default":  # a large matrix trains another network
         sized_model, sized_train = sized_network(len(data.train))

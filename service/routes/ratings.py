@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Protocol
 
 import numpy as np
@@ -138,11 +138,19 @@ async def _write(
     batch: Sequence[tuple[str, str, float | None]],
     reservation: Reservation | None = None,
 ) -> str:
-    """`ServedModel.write` off the event loop; its failures as HTTPExceptions that say whether anything may
-    have been stored (a batch not stored gives its reserved new ids back)."""
+    """`ServedModel.write` off the event loop (`write_entries`)."""
+    return await write_entries(scorer, lambda: scorer.write(batch), reservation)
+
+
+async def write_entries(
+    scorer: ServedModel, write: Callable[[], str], reservation: Reservation | None = None
+) -> str:
+    """A write to the stream (`write()`: `ServedModel.write` or `write_items`) off the event loop; its
+    failures as HTTPExceptions that say whether anything may have been stored (a batch not stored gives
+    its reserved new ids back)."""
     retry = {"Retry-After": str(max(1, math.ceil(scorer.retry_s)))}
     try:
-        last = await run_in_threadpool(scorer.write, batch)
+        last = await run_in_threadpool(write)
     except (redis.RedisError, NotDurable, RuntimeError) as exc:
         if reservation is not None and not (isinstance(exc, redis.RedisError) and stored_unknown(exc)):
             scorer.release(reservation)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Path, Query
 from model.ids import UnknownIdError
 from service.auth import require_read
 from service.catalogue import short_filter
+from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import check_k, unknown_ids
 from service.recommend import split_ids
@@ -72,7 +73,7 @@ def similar_users(
         422: {"description": "k out of range"},
     },
 )
-def similar_items(
+async def similar_items(
     item_id: Annotated[str, Path(max_length=MAX_ID_LENGTH, description="External item id")],
     scorer: ScorerDep,
     settings: SettingsDep,
@@ -83,17 +84,21 @@ def similar_items(
     exclude_category: Annotated[
         str | None, Query(description="No items with any of these categories (comma-separated)")
     ] = None,
+    after: After = None,
     authorization: Annotated[str | None, Header()] = None,
 ) -> SimilarItemsResponse:
     """The k other items with the highest scaled cosine s_c of their embeddings, most similar first;
-    never a hidden item (the catalogue's), and only those of `category`, none of `exclude_category`."""
+    never a hidden item (the catalogue's), and only those of `category`, none of `exclude_category`. With
+    `after` (a write's `last_id`), once this worker has applied that write."""
     require_read(settings, authorization)
     check_k(k, settings)
-    try:
-        index = int(scorer.item_indices([item_id])[0])  # the artifact's items and those that arrived online
+    await wait_applied(scorer, after, settings.read_after_timeout_s)
+    state = scorer.state
+    try:  # the artifact's items and those that arrived online
+        index = int(scorer.item_indices([item_id], state)[0])
     except UnknownIdError as exc:
         raise unknown_ids(exc) from None
-    catalogue = scorer.catalogue_index()
+    catalogue = scorer.catalogue_index(state)
     allowed = catalogue.visible
     notes: list[str] = []
     chosen = short_filter(split_ids(category), split_ids(exclude_category))

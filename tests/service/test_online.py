@@ -409,7 +409,7 @@ def test_a_worker_starts_from_the_fold_in_snapshot_and_replays_only_what_follows
         assert restarted.metric("dcmc_ratings_applied_total") == 3  # the tail's entries alone
         for user in users:
             np.testing.assert_allclose(_predict(restarted.client, user), answers[user], rtol=0, atol=1e-9)
-    assert any("started from the fold-in snapshot of 5 online ratings" in r.message for r in caplog.records)
+    assert any("started from the fold-in snapshot of 5 online writes" in r.message for r in caplog.records)
     # A damaged snapshot is not trusted: the worker replays the whole stream, to the same answers.
     client = redis.Redis.from_url(durable_redis.url)
     (part,) = client.keys("dcmc:ratings:snapshot-part:*")  # a small payload: one part
