@@ -214,6 +214,10 @@ class Health(BaseModel):
         default=None, description="Where this worker's stream follower stands (null without Redis)."
     )
     online_ratings: int | None = Field(default=None, description="Online ratings this worker has applied.")
+    catalogue_changes: int | None = Field(
+        default=None,
+        description="Online catalogue changes (PUT / PATCH / POST /items) this worker has applied.",
+    )
     skipped_entries: int | None = Field(
         default=None,
         description="Rating stream entries this worker could not apply (a missing field, a bad value): "

@@ -50,6 +50,7 @@ async def health(request: Request) -> Response:
         "ready": scorer.ready,
         "replication": replica.describe() if replica is not None else None,
         "online_ratings": scorer.fold.state.applied,
+        "catalogue_changes": scorer.fold.state.records_applied,
         "skipped_entries": replica.skipped if replica is not None else 0,
         "last_skipped_entry": (
             {"id": last.id, "reason": last.reason}

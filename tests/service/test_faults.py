@@ -1,6 +1,6 @@
-"""Faults with real processes: Redis killed (-9) right after acknowledged ratings and restarted from its
-append-only file, and a replica killed under load and restarted: nothing acknowledged is lost, and every
-replica ends up answering the same. (The longer versions: benchmarks/reliability.py.)"""
+"""Faults with real processes: Redis killed (-9) right after acknowledged ratings and catalogue changes and
+restarted from its append-only file, and a replica killed under load and restarted: nothing acknowledged
+is lost, and every replica ends up answering the same. (The longer versions: benchmarks/reliability.py.)"""
 
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ def _applied(svc: Service) -> int:
     return int(svc.client.get("/health").json()["online_ratings"])
 
 
+def _writes(svc: Service) -> int:
+    health = svc.client.get("/health").json()
+    return int(health["online_ratings"]) + int(health["catalogue_changes"])
+
+
 def _wait(predicate: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -57,17 +62,23 @@ def test_redis_killed_after_acknowledged_ratings_loses_none(
     try:
         a.wait_ready()
         b.wait_ready()
-        acknowledged = 0
-        for n in range(20):
+        acknowledged, records = 0, {}
+        for n in range(20):  # ratings and catalogue changes, through either worker, in one stream
             body = {"ratings": [{"user": f"k{n % 4}", "item": f"i{n}", "rating": 1 + n % 5}]}
             assert a.client.post("/ratings", json=body, headers=AUTH).status_code == 200
-            acknowledged += 1
-        durable.kill()  # kill -9 right after the 20th acknowledgement
+            item, change = f"i{n % 7}", {"categories": [f"c{n}"], "hidden": n % 2 == 0}
+            assert b.client.put(f"/items/{item}", json=change, headers=AUTH).status_code == 200
+            acknowledged, records[item] = acknowledged + 2, change
+        durable.kill()  # kill -9 right after the 40th acknowledgement
         durable.start()  # same port and directory: from its append-only file
         assert redis.Redis.from_url(durable.url).xlen("dcmc:ratings") == acknowledged
-        _wait(lambda: _applied(a) == acknowledged and _applied(b) == acknowledged)
+        _wait(lambda: _writes(a) == acknowledged and _writes(b) == acknowledged)
         users = [f"k{n}" for n in range(4)]
         np.testing.assert_allclose(_answers(a, users), _answers(b, users), rtol=0, atol=1e-12)
+        for svc in (a, b):  # every acknowledged catalogue change is there, on both
+            for item, change in records.items():
+                got = svc.client.get(f"/items/{item}").json()
+                assert (got["categories"], got["hidden"]) == (change["categories"], change["hidden"])
     finally:
         a.stop()
         b.stop()

@@ -322,3 +322,45 @@ def test_a_forgotten_user_and_a_retracted_validation_rating_stay_gone_after_the_
             x["item"] for x in api.client.get(f"/users/{val_user}/ratings", headers=auth).json()["ratings"]
         }
         assert val_item not in held
+
+
+def test_catalogue_changes_survive_compaction_and_a_retrain_takes_them_into_the_artifact(
+    synthetic_csv: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    from training.compact import compact_stream
+
+    first = tmp_path / "first"
+    run_training("csv", synthetic_csv, first, split="random", preset_name="tiny", epochs=1, progress=False)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    changes = [
+        {"item": "i1", "record": {"title": "one", "categories": ["c"], "attributes": {"year": 1990}}},
+        {"item": "i2", "patch": {"hidden": True}},
+        {"item": "i1", "patch": {"attributes": {"year": None, "lang": "en"}}},
+        {"item": "only-here", "record": {"categories": ["c"]}},
+    ]
+    with App(first, redis_url=redis_server.url, write_token=TOKEN) as api:
+        r = api.client.post("/items", json={"items": changes}, headers=auth)
+        assert r.status_code == 200, r.text
+        rated = {"ratings": [{"user": "newcomer", "item": "i1", "rating": 4}]}
+        last = api.client.post("/ratings", json=rated, headers=auth).json()["last_id"]
+    online = read_online_ratings(redis_server.url, levels=[1.0, 2.0, 3.0, 4.0, 5.0])
+    composed = {item: change.applied_to(None) for item, change in online.item_changes}
+    assert [item for item, _ in online.item_changes] == ["i1", "i2", "only-here"]
+    assert composed["i1"].attributes == {"lang": "en"} and composed["i1"].title == "one"
+    assert composed["i2"].hidden and online.entries == 5 and online.skipped == 0
+    record = compact_stream(redis_server.url, "dcmc", last, [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert record["item_changes"] == 3 and record["trimmed"] == 5
+    assert redis.Redis.from_url(redis_server.url).xlen("dcmc:ratings") == 0
+    with App(first, redis_url=redis_server.url, snapshot_interval_s=0) as api:  # folds the head in
+        assert api.client.get("/items/i1").json()["attributes"] == {"lang": "en"}
+        assert api.client.get("/items/i2").json()["hidden"] is True
+    out = tmp_path / "retrained"
+    run_training("csv", synthetic_csv, out, split="random", preset_name="tiny", epochs=1, progress=False,
+                 online_ratings=redis_server.url)  # fmt: skip
+    artifact = load_artifact(out)
+    assert artifact.catalogue is not None and artifact.meta["dataset"]["online_ratings"]["item_changes"] == 3
+    assert artifact.catalogue["i1"].attributes == {"lang": "en"} and artifact.catalogue["i2"].hidden
+    assert artifact.catalogue["only-here"].categories == ["c"]
+    with App(out, redis_url=redis_server.url, snapshot_interval_s=0) as api:
+        assert api.client.get("/items/only-here").json()["in_catalogue"] is True
+        assert api.client.app.state.scorer.state.records_applied == 0  # in the artifact, not replayed
