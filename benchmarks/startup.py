@@ -1,9 +1,11 @@
 """A worker's start-up with a long online history: replaying the stream vs starting from a fold-in snapshot.
 
     python benchmarks/startup.py --artifacts DIR [--users 30000] [--per-user 10] [--sample 200]
+                                 [--item-changes 0]
 
 Writes `--users` new users x `--per-user` ratings of random artifact items (seeded) into the stream of a
-private redis-server, in the service's own entry format, then times:
+private redis-server, in the service's own entry format, and after them `--item-changes` catalogue
+changes (PUT records of the artifact's items and of new ones, and PATCHes, model/stream.py), then times:
 
 1. replay: `dcmc serve --workers 1` with snapshots off: seconds to /ready and peak RSS; its answers for
    `--sample` of the new users are the reference;
@@ -48,6 +50,32 @@ def write_stream(redis_server: Redis, prefix: str, artifact: Path, users: int, p
     return count
 
 
+def write_item_changes(redis_server: Redis, prefix: str, artifact: Path, changes: int) -> int:
+    """`changes` catalogue changes, written straight into the stream: every third a PATCH of `hidden`,
+    the others whole records, of the artifact's items and as many new ones (seeded)."""
+    from model.artifact import load_artifact
+    from model.catalogue import ItemChange, ItemPatch, ItemRecord
+    from model.stream import item_fields, stream_key
+
+    items = list(load_artifact(artifact).items.ids)
+    rng = np.random.default_rng(2)
+    key = stream_key(prefix)
+    pipe = redis_server.client.pipeline(transaction=False)
+    for k in range(changes):
+        j = int(rng.integers(2 * len(items)))
+        item = items[j] if j < len(items) else f"catalogue-{j}"
+        if k % 3 == 2:
+            change = ItemChange(False, ItemPatch(hidden=bool(k % 2)))
+        else:
+            record = ItemRecord(categories=[f"c{k % 20}"], attributes={"year": 1950 + k % 70, "n": k})
+            change = ItemChange.whole(record)
+        pipe.xadd(key, item_fields(item, change))  # type: ignore[arg-type]
+        if k % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+    return changes
+
+
 class Pinger:
     """Another client's PING every 10 ms while a worker stores its snapshot: the longest one says how long
     a command of the snapshot held Redis (every other worker's commands wait as long)."""
@@ -89,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=30_000)
     parser.add_argument("--per-user", type=int, default=10)
     parser.add_argument("--sample", type=int, default=200, help="new users whose answers are compared")
+    parser.add_argument("--item-changes", type=int, default=0, help="catalogue changes after the ratings")
     parser.add_argument("--results", default=str(h.RESULTS))
     args = parser.parse_args(argv)
     artifact = Path(args.artifacts).resolve()
@@ -114,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     with Redis() as redis_server:
         began = time.perf_counter()
         record["ratings"] = write_stream(redis_server, prefix, artifact, args.users, args.per_user)
+        record["item_changes"] = write_item_changes(redis_server, prefix, artifact, args.item_changes)
         record["write_s"] = round(time.perf_counter() - began, 1)
         print(f"{record['ratings']} ratings in the stream ({record['write_s']} s)", flush=True)
 
@@ -140,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
         svc, record["restart"] = start(artifact, redis_server, prefix, log, {})
         got = svc.answers(sample, items)
+        record["restart"]["catalogue_changes"] = svc.client.get("/health").json().get("catalogue_changes")
         record["restart"]["restored"] = svc.metrics_by("dcmc_fold_in_snapshots_total", "event").get(
             "restored", 0
         )
@@ -177,7 +208,7 @@ def write_report(results: Path) -> Path:
         "sparse), which the replay grows to 31,000 users and the snapshot stores.",
         "",
         *h.table(
-            "| commit | artifact (user table) | ratings (users x each) | replay: ready s "
+            "| commit | artifact (user table) | ratings (users x each) | catalogue changes | replay: ready s "
             "| replay: peak RSS MB | snapshot MB | longest PING while stored, ms | restart: ready s "
             "| restart: peak RSS MB "
             "| answers vs replay, max abs diff |"
@@ -186,7 +217,7 @@ def write_report(results: Path) -> Path:
     for r in rows:
         lines.append(
             f"| {r['commit']} | {Path(r['artifact']).name} ({_user_table(r)}) "
-            f"| {r['ratings']:,} ({r['users']:,} x {r['per_user']}) | "
+            f"| {r['ratings']:,} ({r['users']:,} x {r['per_user']}) | {r.get('item_changes', 0):,} | "
             f"{r['replay']['ready_s']} | {r['replay']['VmHWM']:.0f} | {r['snapshot']['bytes'] / 1e6:.0f} | "
             f"{r.get('snapshot_ping_max_ms', '-')} | "
             f"{r['restart']['ready_s']} | {r['restart']['VmHWM']:.0f} | {r['restart']['max_abs_diff']:.1e} |"

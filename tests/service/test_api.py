@@ -96,6 +96,7 @@ def test_ops_routes(over: str, app: App, service: Service, redis_client: redis.R
             "rebuild": None,
         },
         "online_ratings": 0,
+        "catalogue_changes": 0,
         "skipped_entries": 0,
         "last_skipped_entry": None,
         "loading_model_version": None,
