@@ -7,8 +7,8 @@ Each schedule starts its own world: a redis-server with an append-only file fsyn
 flavour `cluster`, three primaries in cluster mode), two `dcmc serve` workers that reach Redis through
 their own TCP proxies (single node), and a tiny artifact published as `runs/current`. One worker may be
 pinned to its first artifact (no hot reload: a canary, or an older deployment). While a client writes
-ratings, retractions and forgets to the workers that say they are ready (as a load balancer would), the
-schedule runs its steps, drawn from the seed:
+ratings, retractions, forgets and catalogue records (PUT /items/{id}) to the workers that say they are
+ready (as a load balancer would), the schedule runs its steps, drawn from the seed:
 
     compact       `dcmc compact` of the published artifact
     compact2      two compactions at once (threads), of the newest run and the one before, in either order,
@@ -33,7 +33,7 @@ After the last step every fault is healed and the invariants are checked:
                 (and none exited)
     no-500      no answer of any request was a 5xx other than 503
     truthful    every answer that said nothing was stored (503 "nothing ... stored", 4xx, refused connection)
-                stored nothing: none of its ratings is in the stream or its compacted head
+                stored nothing: none of its ratings or records is in the stream or its compacted head
     state       every acknowledged rating is in every ready worker's state (GET /users/{id}/ratings), and
                 no acknowledged retraction's pair is, unless a later write of the pair (acknowledged or
                 not known) may have changed it; on a service without that route: every new user with an
@@ -44,9 +44,11 @@ After the last step every fault is healed and the invariants are checked:
                 disagrees
     forgotten   no user whose forget was acknowledged (and never rated again) is known to any worker or
                 listed as a similar user
+    catalogue   every item whose last catalogue write was acknowledged (and no write of it whose fate is
+                unknown may follow) has that record on every ready worker (GET /items/{id})
     retrain     the next retrain's data holds every acknowledged rating and no acknowledged retraction or
-                forgotten user; after it is published and every worker reloaded, `state`, `agree` and
-                `forgotten` hold again
+                forgotten user, and its catalogue every acknowledged record; after it is published and
+                every worker reloaded, `state`, `agree`, `forgotten` and `catalogue` hold again
 
 A schedule prints its seed first, so a failure can be replayed (`--seeds SEED`); the timing of the
 processes is not replayed, only the schedule. Writes benchmarks/results/faults.md and appends the run's
@@ -415,8 +417,9 @@ class Worker:
 class Op:
     """One write the client sent, and what came of it."""
 
-    kind: str  # rate | retract | forget
+    kind: str  # rate | retract | forget | catalogue
     entries: list[tuple[str, str, float | None]]
+    """(user, item, rating); a catalogue write: ("", item, the record's `w`, unique to the write)."""
     worker: str
     sent: float
     answered: float = 0.0
@@ -459,7 +462,8 @@ def _order(entry_id: str) -> tuple[int, int]:
 
 class Client(threading.Thread):
     """Writes to the workers that answer /ready 200, the way a load balancer sends traffic: ratings
-    (1-3 per batch, of the artifact's users and new ones), retractions and forgets."""
+    (1-3 per batch, of the artifact's users and new ones), retractions, forgets, and catalogue records
+    of the artifact's items and new ones (each with an attribute `w` no other write has)."""
 
     def __init__(self, world: World, rng: random.Random, users: list[str], items: list[str]) -> None:
         super().__init__(daemon=True)
@@ -469,6 +473,8 @@ class Client(threading.Thread):
         self.stop_event = threading.Event()
         self.ready: dict[str, bool] = {}
         self.rated: list[tuple[str, str]] = []
+        self.catalogued = items[:6] + [f"k{k}" for k in range(3)]
+        self.written = 0
 
     def _probe(self, http: httpx.Client) -> list[Worker]:
         ready = []
@@ -502,6 +508,11 @@ class Client(threading.Thread):
                     user = rng.choice(self.rated)[0]
                     op = Op("forget", [(user, "", None)], worker.name, time.monotonic())
                     self._send(http, worker, op, "DELETE", f"/users/{user}")
+                elif roll < 0.2:
+                    item, self.written = rng.choice(self.catalogued), self.written + 1
+                    op = Op("catalogue", [("", item, float(self.written))], worker.name, time.monotonic())
+                    record = {"categories": ["fault"], "attributes": {"w": self.written}}
+                    self._send(http, worker, op, "PUT", f"/items/{item}", json=record)
                 else:
                     batch = [
                         (rng.choice(self.users), rng.choice(self.items), float(rng.choice(LEVELS)))
@@ -550,6 +561,8 @@ class Expected:
     """Users whose last write was an acknowledged forget."""
     newest: str | None
     """The newest acknowledged stream id."""
+    records: dict[str, int] = field(default_factory=dict)
+    """Items whose last catalogue write was acknowledged (and none of unknown fate may follow): its `w`."""
 
 
 def expected(ops: list[Op]) -> Expected:
@@ -559,8 +572,8 @@ def expected(ops: list[Op]) -> Expected:
     write."""
     events: dict[tuple[str, str], list[tuple[tuple[int, int, int], float | None, Op]]] = {}
     user_events: dict[str, list[tuple[tuple[int, int, int], Op]]] = {}
-    unknown = [op for op in ops if op.outcome == "unknown"]
-    stored = [op for op in ops if op.outcome == "stored"]
+    unknown = [op for op in ops if op.outcome == "unknown" and op.kind != "catalogue"]
+    stored = [op for op in ops if op.outcome == "stored" and op.kind != "catalogue"]
     for op in stored:
         assert op.last_id is not None
         ms, seq = _order(op.last_id)
@@ -569,7 +582,8 @@ def expected(ops: list[Op]) -> Expected:
             user_events.setdefault(user, []).append((key, op))
             if op.kind != "forget":
                 events.setdefault((user, item), []).append((key, rating, op))
-    newest = max((op.last_id for op in stored if op.last_id), key=_order, default=None)
+    written = [op for op in ops if op.outcome == "stored"]  # ratings and records
+    newest = max((op.last_id for op in written if op.last_id), key=_order, default=None)
 
     def maybe_after(op_last: Op, user: str, item: str | None) -> bool:
         for u in unknown:
@@ -600,7 +614,24 @@ def expected(ops: list[Op]) -> Expected:
             absent.add((user, item))
         else:
             present[(user, item)] = rating
-    return Expected(present, absent, forgotten, newest)
+    return Expected(present, absent, forgotten, newest, expected_records(ops))
+
+
+def expected_records(ops: list[Op]) -> dict[str, int]:
+    """The `catalogue` promises: each item's last acknowledged record (by stream id), unless a write of
+    the item whose fate is unknown was answered after that one was sent."""
+    last: dict[str, tuple[tuple[int, int], Op]] = {}
+    for op in ops:
+        if op.kind == "catalogue" and op.outcome == "stored" and op.last_id is not None:
+            item = op.entries[0][1]
+            if item not in last or _order(op.last_id) > last[item][0]:
+                last[item] = (_order(op.last_id), op)
+    unknown = [op for op in ops if op.kind == "catalogue" and op.outcome == "unknown"]
+    return {
+        item: int(op.entries[0][2] or 0)
+        for item, (_, op) in last.items()
+        if not any(u.entries[0][1] == item and u.answered >= op.sent for u in unknown)
+    }
 
 
 # -- the schedule ----------------------------------------------------------------------------------------
@@ -881,10 +912,22 @@ def check_truthful(world: World, violations: list[str]) -> None:
         head_raw = client.get(compacted_key(key))
     finally:
         client.close()
-    seen = {(e.user, e.item, e.rating) for e in (parse_entry(i, f) for i, f in raw) if hasattr(e, "rating")}
+    parsed = [parse_entry(i, f) for i, f in raw]
+    seen = {(e.user, e.item, e.rating) for e in parsed if hasattr(e, "rating")}
+    records = {(e.item, _w(e.change)) for e in parsed if hasattr(e, "change")}
     if head_raw is not None:
         with contextlib.suppress(ValueError):
-            seen |= set(Compacted.from_json(head_raw).ratings)
+            head = Compacted.from_json(head_raw)
+            seen |= set(head.ratings)
+            records |= {(item, _w(change)) for item, change in head.items}
+    for op in world.ops:
+        if op.kind == "catalogue" and op.outcome == "not-stored":
+            _, item, w = op.entries[0]
+            if (item, int(w or 0)) in records:
+                violations.append(
+                    f"truthful: {op.status or 'no answer'} ({op.detail[:80]!r}) said nothing was stored, but "
+                    f"the record w={w:g} of {item!r} is in Redis"
+                )
     maybe = {t for op in world.ops if op.outcome != "not-stored" and op.kind == "rate" for t in op.entries}
     for op in world.ops:
         if op.outcome != "not-stored" or op.kind != "rate":
@@ -895,6 +938,30 @@ def check_truthful(world: World, violations: list[str]) -> None:
                     f"truthful: {op.status or 'no answer'} ({op.detail[:80]!r}) said nothing was stored, but "
                     f"{triple} is in Redis"
                 )
+
+
+def _w(change: Any) -> int | None:
+    """The `w` a catalogue change sets (a client's PUT; None for anything else)."""
+    w = change.applied_to(None).attributes.get("w") if change.replace else None
+    return w if isinstance(w, int) else None
+
+
+def check_records(
+    world: World, exp: Expected, violations: list[str], when: str, http: httpx.Client, worker: Worker
+) -> None:
+    """`catalogue` on one worker."""
+    after = {"after": exp.newest} if exp.newest else {}
+    for item, w in sorted(exp.records.items()):
+        r = _get(world, http, f"{worker.url}/items/{item}", "GET /items/{id}", params=after)
+        if r is None:
+            violations.append(f"catalogue {when}: {worker.name} did not answer for item {item!r}")
+            continue
+        held = r.json().get("attributes", {}).get("w") if r.status_code == 200 else None
+        if held != w:
+            violations.append(
+                f"catalogue {when}: {worker.name} holds w={held} for item {item!r} ({r.status_code}), "
+                f"acknowledged w={w}"
+            )
 
 
 def _model_version(http: httpx.Client, worker: Worker) -> str | None:
@@ -925,6 +992,7 @@ def check_workers(
             gone.setdefault(u, set()).add(i)
         for w in world.workers:
             versions[w.name] = _model_version(http, w)
+            check_records(world, exp, violations, when, http, w)
             for user in exp.forgotten:
                 try:
                     r = http.post(f"{w.url}/predict", json={"user": user, "items": probe_items}, params=after)
@@ -1135,6 +1203,13 @@ def check_retrain(world: World, exp: Expected, violations: list[str]) -> Path | 
     rated = {u for u, _ in data}
     for user in exp.forgotten & rated:
         violations.append(f"retrain: the retrain holds ratings of the forgotten user {user!r}")
+    catalogue = art.catalogue or {}
+    for item, w in exp.records.items():
+        held = catalogue[item].attributes.get("w") if item in catalogue else None
+        if held != w:
+            violations.append(
+                f"retrain: the retrain's catalogue holds w={held} for {item!r}, acknowledged w={w}"
+            )
     return run
 
 
