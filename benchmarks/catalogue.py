@@ -1,11 +1,16 @@
 """What filters cost /recommend (service/catalogue.py).
 
     python benchmarks/catalogue.py --artifacts DIR [--items 140000] [--duration 8] [--rounds 20]
+                                   [--epinions DIR] [--requests 300]
 
 1. In process, a synthetic catalogue of `--items` records (the Epinions shape's 139,738 items rounded up:
    20 categories, a year, a language, tags): building the index, and one three-clause filter (category any
    of two, a year range, not one language): its first evaluation, then repeated (kept per catalogue), with
    the masking a /recommend adds around it; p50 of 200 each.
+   With `--epinions DIR` (an artifact of the Epinions shape, 139,738 items), the whole in-process
+   /recommend (FastAPI's TestClient over `create_app`, no Redis): that artifact with the same synthetic
+   catalogue, `--requests` uniformly random users, POST /recommend {user, k: 10} without and with the
+   three-clause filter, alternating: p50 of each and their difference.
 2. Over HTTP: `dcmc serve --workers 2` on DIR (an ML-100K artifact with its u.item catalogue) and a
    private Redis; wrk at concurrency 32 on GET /recommend/{uniformly random user}?k=10, without and with
    `category=Comedy,Drama&exclude_category=Horror` (three clauses), alternating, twice each; requests per
@@ -48,19 +53,9 @@ QUERY = "&category=Comedy,Drama&exclude_category=Horror"
 def in_process(n_items: int, seed: int = 0) -> dict[str, Any]:
     from pydantic import TypeAdapter
 
-    from model.catalogue import ItemRecord
     from service.catalogue import CatalogueIndex, Filter
 
-    rng = np.random.default_rng(seed)
-    langs = ["en", "fr", "de", "es"]
-    records = {
-        str(j): ItemRecord(
-            categories=[f"c{c}" for c in rng.choice(20, size=int(rng.integers(1, 4)), replace=False)],
-            attributes={"year": int(rng.integers(1950, 2025)), "lang": langs[j % 4], "tags": [f"t{j % 50}"]},
-            hidden=bool(rng.random() < 0.01),
-        )
-        for j in range(n_items)
-    }
+    records = synthetic_catalogue([str(j) for j in range(n_items)], seed)
     t0 = time.perf_counter()
     index = CatalogueIndex(records, n_items, str)
     build_s = time.perf_counter() - t0
@@ -83,6 +78,61 @@ def in_process(n_items: int, seed: int = 0) -> dict[str, Any]:
         "first_p50_ms": round(float(np.median(first)), 3),
         "repeated_p50_ms": round(float(np.median(again)), 3),
         "passing": int(candidates.sum()),
+    }
+
+
+def synthetic_catalogue(ids: list[str], seed: int = 0) -> dict[str, Any]:
+    from model.catalogue import ItemRecord
+
+    rng = np.random.default_rng(seed)
+    langs = ["en", "fr", "de", "es"]
+    return {
+        x: ItemRecord(
+            categories=[f"c{c}" for c in rng.choice(20, size=int(rng.integers(1, 4)), replace=False)],
+            attributes={"year": int(rng.integers(1950, 2025)), "lang": langs[j % 4], "tags": [f"t{j % 50}"]},
+            hidden=bool(rng.random() < 0.01),
+        )
+        for j, x in enumerate(ids)
+    }
+
+
+def whole_recommend(artifacts: Path, requests: int, seed: int = 0) -> dict[str, Any]:
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from model.artifact import load_artifact, rewritten
+    from model.catalogue import write_catalogue
+    from service.main import create_app
+    from service.settings import Settings
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(shutil.copytree(artifacts, Path(tmp) / "artifact"))
+        art = load_artifact(copy)
+        users, ids = list(art.users.ids), list(art.items.ids)
+        with rewritten(copy) as (directory, _):
+            write_catalogue(directory, synthetic_catalogue(ids))
+        rng = np.random.default_rng(seed)
+        plain, filtered = [], []
+        with TestClient(create_app(Settings(artifacts=copy, log_level="warning"))) as client:
+            for k in range(requests + 20):
+                user = users[int(rng.integers(len(users)))]
+                times = []
+                for body in ({"user": user, "k": 10}, {"user": user, "k": 10, "filter": FILTER}):
+                    t0 = time.perf_counter()
+                    r = client.post("/recommend", json=body)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                    assert r.status_code == 200, r.text
+                if k >= 20:  # past the first requests (the filter's first evaluation among them)
+                    plain.append(times[0])
+                    filtered.append(times[1])
+    p50, f50 = float(np.median(plain)), float(np.median(filtered))
+    return {
+        "items": len(ids),
+        "requests": requests,
+        "plain_p50_ms": round(p50, 2),
+        "filtered_p50_ms": round(f50, 2),
+        "added_p50_ms": round(f50 - p50, 2),
     }
 
 
@@ -185,6 +235,16 @@ def report(records: list[dict[str, Any]]) -> str:
             f"- In process, {p['items']:,} items: index built in {p['index_build_s']} s; the three-clause "
             f"filter {p['first_p50_ms']} ms at p50 the first time, {p['repeated_p50_ms']} ms repeated "
             f"(with the masking; {p['passing']:,} items pass).",
+            *(
+                [
+                    f"- In process, the whole POST /recommend on an Epinions-shaped artifact "
+                    f"({e['items']:,} items, the same catalogue), {e['requests']} random users: p50 "
+                    f"{e['plain_p50_ms']} ms unfiltered, {e['filtered_p50_ms']} ms with the filter: "
+                    f"{e['added_p50_ms']} ms added."
+                ]
+                if (e := r.get("whole"))
+                else []
+            ),
             f"- HTTP, ML-100K, 2 workers, concurrency 32, uniformly random users: unfiltered "
             f"{w['plain_rps']} requests/s, filtered (`{QUERY[1:]}`) {w['filtered_rps']}: "
             f"{w['share']:.0%} of the unfiltered rate.",
@@ -210,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=140_000)
     p.add_argument("--duration", type=int, default=8)
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--epinions", type=Path, help="an artifact of the Epinions shape (whole /recommend)")
+    p.add_argument("--requests", type=int, default=300)
     args = p.parse_args(argv)
     record = {
         "stamp": h.stamp(),
@@ -217,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": h.machine_line(),
         "command": h.command("catalogue.py", argv),
         "in_process": in_process(args.items),
+        **({"whole": whole_recommend(args.epinions, args.requests)} if args.epinions else {}),
         "http": over_http(args.artifacts, args.duration),
         "writes": writes(args.artifacts, args.rounds),
     }

@@ -345,7 +345,7 @@ class Replica:
                         Poison(entry.id, entry.fields(), f"fold-in failed: {type(exc).__name__}: {exc}")
                     )
                 self._advance(entry.id)
-        self.metrics.ratings_applied.inc(len(good))
+        self.metrics.ratings_applied.inc(sum(1 for e in good if isinstance(e, Entry)))
         self._advance(entries[-1].id)
 
     def _advance(self, entry_id: str) -> None:
