@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import HTTPException
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 
 from model.catalogue import ItemRecord, Name, Scalar
 
@@ -424,10 +424,15 @@ class CatalogueIndex:
 def short_filter(category: list[str] | None, exclude_category: list[str] | None) -> Filter | None:
     """The GET routes' short form (`category=Drama,Comedy&exclude_category=Horror`) as a filter."""
     clauses: list[BaseModel] = []
-    if category:
-        clauses.append(Category(op="category", any_of=category))
-    if exclude_category:
-        clauses.append(Not(op="not", filter=Category(op="category", any_of=exclude_category)))
+    for name, given in (("category", category), ("exclude_category", exclude_category)):
+        if not given:
+            continue
+        try:
+            clause: BaseModel = Category(op="category", any_of=given)
+        except ValidationError as exc:  # too many, or a name too long: a 422 naming the parameter
+            problem = exc.errors()[0]
+            raise _bad(["query", name], problem["type"], f"{name}: {problem['msg']}") from None
+        clauses.append(clause if name == "category" else Not(op="not", filter=clause))
     if not clauses:
         return None
     if len(clauses) == 1:

@@ -1,9 +1,12 @@
-"""The fast paths of POST /predict, POST /ratings and a plain GET /recommend/{user}[?k=K]: a pure ASGI
+"""The fast paths of POST /predict, POST /ratings and a plain GET /recommend/{user}[?k=K][&category=..]
+[&exclude_category=..]: a pure ASGI
 middleware that answers a well-formed request without FastAPI's routing, dependency resolution and body
 handling, which cost more per request than a prediction from a cached user row (benchmarks/serve.py
-floor) and than storing a rating in Redis. GET /recommend with any other parameter (filters, `after`,
-`explain`, ...) goes to the route; a plain one is answered by the route's own ranking code
-(`service.routes.recommend.plain`).
+floor) and than storing a rating in Redis. GET /recommend with any other parameter (`after`, `items`,
+`min_rating`, `explain`, ...), or one given twice, goes to the route; one with `k` and the category
+short form of a filter alone is answered by the route's own ranking code
+(`service.routes.recommend.plain`; a category list the route would refuse goes to the route, which says
+why).
 
 It parses the body with pydantic-core (string ids: `StringIds`, `StringRatings`) and answers with the
 function the FastAPI route answers with (`service.routes.predict.answer`, `service.routes.ratings.store`):
@@ -20,12 +23,15 @@ import json
 import re
 from types import SimpleNamespace
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from service.auth import require_read
+from service.catalogue import short_filter
 from service.metrics import ASGIApp, Message, Receive, Scope, Send
+from service.recommend import split_ids
 from service.routes.predict import answer
 from service.routes.ratings import store
 from service.routes.recommend import plain
@@ -68,6 +74,9 @@ ROUTES = {"/predict": SimpleNamespace(path="/predict"), "/ratings": SimpleNamesp
 RECOMMEND = SimpleNamespace(path="/recommend/{user_id:path}")
 PLAIN_K = re.compile(rb"^(?:k=([0-9]{1,4}))?$")
 """The query of a plain GET /recommend/{user}: nothing, or `k` alone."""
+SHORT_QUERY = {"k", "category", "exclude_category"}
+"""The parameters a GET /recommend/{user} answered here may have (each once): `k` and the category short
+form of a filter."""
 """What the metrics middleware reads as the route template of a request answered here."""
 
 
@@ -133,17 +142,21 @@ class FastPath:
     async def _recommend(self, scope: Scope, send: Send) -> bool:
         """GET /recommend/{user}[?k=K] answered here (`service.routes.recommend.plain`); False for the route
         (any other parameter, k out of range, a mode that blocks, a read not allowed, an error)."""
-        plain_k = PLAIN_K.match(scope.get("query_string", b""))
+        query = _short_query(scope.get("query_string", b""))
         scorer, settings = getattr(self.state, "scorer", None), self.state.settings
         user = scope["path"][len("/recommend/") :]
-        if plain_k is None or scorer is None or scorer.blocking or not user or not self._may_read(scope):
+        if query is None or scorer is None or scorer.blocking or not user or not self._may_read(scope):
             return False
-        k = int(plain_k.group(1)) if plain_k.group(1) else 10
-        if not 1 <= k <= settings.max_k:
+        k_text = query.get("k", "10")
+        if (
+            not (k_text.isascii() and k_text.isdigit() and len(k_text) <= 4)
+            or not 1 <= int(k_text) <= settings.max_k
+        ):
             return False
         try:
-            payload = plain(scorer, settings, user, k)
-        except HTTPException:
+            chosen = short_filter(split_ids(query.get("category")), split_ids(query.get("exclude_category")))
+            payload = plain(scorer, settings, user, int(k_text), chosen)
+        except (HTTPException, ValidationError):
             return False
         scope["route"] = RECOMMEND
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -230,3 +243,20 @@ def _replay(body: bytes, receive: Receive, more: bool = False) -> Receive:
         return await receive()
 
     return replay
+
+
+def _short_query(raw: bytes) -> dict[str, str] | None:
+    """The parameters of a GET /recommend/{user} query the fast path answers (`SHORT_QUERY`, each once),
+    or None for the route (any other parameter, one repeated, or a query that is not UTF-8)."""
+    if not raw:
+        return {}
+    if PLAIN_K.match(raw):
+        return {"k": raw[2:].decode()}
+    try:
+        pairs = parse_qsl(raw.decode(), keep_blank_values=True, strict_parsing=True)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    out = dict(pairs)
+    if len(out) != len(pairs) or not out.keys() <= SHORT_QUERY:
+        return None
+    return out

@@ -279,10 +279,11 @@ async def _recommend(
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
-def plain(scorer: ServedModel, settings: Settings, user: str, k: int) -> bytes:
-    """The JSON of GET /recommend/{user}?k=K with nothing else asked (1 <= k <= DCMC_MAX_K, the read
-    allowed): what the route answers, without FastAPI's parameter handling (service/fastpath.py)."""
-    asked = Asked(user, k, None, None, None, True, False, ["query"], [], None, None)
+def plain(scorer: ServedModel, settings: Settings, user: str, k: int, chosen: Filter | None = None) -> bytes:
+    """The JSON of GET /recommend/{user}?k=K with nothing else asked but the category short form
+    (`chosen`; 1 <= k <= DCMC_MAX_K, the read allowed): what the route answers, without FastAPI's
+    parameter handling (service/fastpath.py)."""
+    asked = Asked(user, k, None, None, chosen, True, False, ["query"], [], None, None)
     return orjson.dumps(ranked(scorer, settings, asked, False)[0])
 
 

@@ -354,3 +354,28 @@ def test_diversity_re_ranks_the_top_by_maximal_marginal_relevance(
     if lam == 0:
         assert want == shown[:8]
     assert api.client.get(f"/recommend/{user}", params={"diversity": 1.5}).status_code == 422
+
+
+@pytest.mark.parametrize(
+    "query", ["?k=5&category=odd", "?category=odd,three&exclude_category=even", "?exclude_category=three&k=8"]
+)
+def test_the_category_short_form_is_answered_by_the_fast_path_as_the_route_answers_it(
+    api: App, artifact: Artifact, query: str
+) -> None:
+    from service.catalogue import short_filter
+    from service.fastpath import _short_query
+    from service.recommend import split_ids
+    from service.routes.recommend import plain
+
+    state = api.client.app.state  # type: ignore[attr-defined]
+    user = artifact.users.ids[3]
+    asked = _short_query(query[1:].encode())
+    assert asked is not None
+    chosen = short_filter(split_ids(asked.get("category")), split_ids(asked.get("exclude_category")))
+    fast = api.client.get(f"/recommend/{user}{query}")
+    assert fast.content == plain(state.scorer, state.settings, user, int(asked.get("k", 10)), chosen)
+    via_route = api.client.get(f"/recommend/{user}{query}&exclude=")  # a parameter it leaves to the route
+    assert via_route.status_code == 200 and via_route.json() == fast.json()
+    for bad in ("?category=odd&category=even", f"?category={'x' * 65}", "?k=0&category=odd"):
+        r = api.client.get(f"/recommend/{user}{bad}")  # the route's 422, worded by it
+        assert r.status_code == 422, (bad, r.text)
