@@ -38,6 +38,10 @@ def map_entries(
     return users, items
 
 
+ECE_BINS = 15
+"""Equal-width bins of the top level's probability in the expected calibration error."""
+
+
 def predict_ratings(
     artifact: Artifact,
     rows: np.ndarray,
@@ -48,8 +52,41 @@ def predict_ratings(
     """Expected ratings of artifact-indexed entries under `inference` (several settings: the mean of
     their distributions); `include_held_out=False` when scoring the held-out validation ratings
     themselves (they must not be known ratings then)."""
+    probs = predict_levels(artifact, rows, cols, inference, include_held_out)
+    return expected_rating(probs, artifact.levels)
+
+
+def predict_levels(
+    artifact: Artifact,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    inference: InferenceConfig | Sequence[InferenceConfig],
+    include_held_out: bool = True,
+) -> np.ndarray:
+    """The rating-level distributions (K, levels) of artifact-indexed entries (`predict_ratings`)."""
     network, scorer = artifact_scorer(artifact, inference, include_held_out)
-    return expected_rating(predict_distributions(network, scorer, rows, cols), artifact.levels)
+    return np.asarray(predict_distributions(network, scorer, rows, cols), dtype=np.float64)
+
+
+def calibration(probs: np.ndarray, truth: np.ndarray, levels: np.ndarray) -> dict[str, float]:
+    """How well the level distributions `probs` (K, levels) forecast the ratings `truth` (K,): the log
+    loss (mean negative log probability of the true level, natural log, each probability at least 1e-12)
+    and the expected calibration error of the top level (ECE_BINS equal-width bins of its probability:
+    the bins' |share of ratings at that level - mean probability|, weighted by their counts). A rating off
+    the levels counts as its nearest level."""
+    true = np.abs(truth[:, None] - np.asarray(levels, dtype=np.float64)[None, :]).argmin(axis=1)
+    picked = probs[np.arange(len(truth)), true]
+    log_loss = float(-np.mean(np.log(np.clip(picked, 1e-12, None))))
+    top = probs.argmax(axis=1)
+    confidence = probs.max(axis=1)
+    hit = (top == true).astype(np.float64)
+    bins = np.minimum((confidence * ECE_BINS).astype(np.int64), ECE_BINS - 1)
+    ece = 0.0
+    for b in range(ECE_BINS):
+        inside = bins == b
+        if inside.any():
+            ece += inside.mean() * abs(hit[inside].mean() - confidence[inside].mean())
+    return {"log_loss": log_loss, "ece": float(ece)}
 
 
 def held_out(artifact: Artifact, split: RatingSplit, part: str) -> Entries:
@@ -117,12 +154,14 @@ def evaluate(
             )
     t0 = time.perf_counter()
     inferences = [a.settings(overrides) for a in artifacts]
-    members = []
+    members, distributions = [], []
     for artifact, inference in zip(artifacts, inferences, strict=True):
         rows, cols = map_entries(artifact, split.user_ids, split.item_ids, entries)
-        members.append(predict_ratings(artifact, rows, cols, inference, include_held_out=part != "val"))
+        probs = predict_levels(artifact, rows, cols, inference, include_held_out=part != "val")
+        distributions.append(probs)
+        members.append(expected_rating(probs, artifact.levels))
     seconds = time.perf_counter() - t0
-    pred = np.mean(members, axis=0)
+    pred = np.mean(members, axis=0)  # the expected rating of the averaged distributions
     inference, *averaged = inferences[0]
     result = {
         "dataset": where[0],
@@ -131,6 +170,7 @@ def evaluate(
         "model_version": artifacts[0].model_version,
         "inference": inference.mode,
         **_errors(pred, entries.values),
+        **calibration(np.mean(distributions, axis=0), entries.values, artifacts[0].levels),
         "n": len(entries),
         "settings": read_settings(inference),
         **({"averaged": [read_settings(a) for a in averaged]} if averaged else {}),

@@ -10,7 +10,7 @@ import pytest
 
 from model.config import ConfigError
 from training.data import DataError
-from training.evaluate import evaluate
+from training.evaluate import ECE_BINS, calibration, evaluate
 from training.pipeline import run_training
 
 
@@ -45,6 +45,7 @@ def test_val_evaluation_matches_the_trainers_validation(
     assert result["rmse"] == pytest.approx(metrics["val_rmse"], abs=1e-4)
     test = evaluate(out, data, overrides={"mode": "none"})
     assert test["on"] == "test" and test["n"] != result["n"]
+    assert np.isfinite(test["log_loss"]) and test["log_loss"] > 0 and 0 <= test["ece"] <= 1
 
 
 def test_val_evaluation_without_validation_is_a_clear_error(synthetic_csv: Path, tmp_path: Path) -> None:
@@ -122,3 +123,27 @@ def test_an_ensemble_refuses_members_that_held_different_ratings_out(
     run_training("csv", synthetic_csv, other, split="random", preset_name="tiny", epochs=1, progress=False)
     with pytest.raises(DataError, match="one dataset and split"):
         evaluate([outs[0], other], data)
+
+
+def test_calibration_is_the_log_loss_and_the_top_levels_calibration_error() -> None:
+    levels = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    truth = np.array([1.0, 2.0, 5.0, 4.0])
+    sure = np.eye(5)[[0, 1, 4, 3]]  # certain and right
+    assert calibration(sure, truth, levels) == pytest.approx({"log_loss": 0.0, "ece": 0.0}, abs=1e-9)
+    uniform = np.full((4, 5), 0.2)  # the top level is the first: right once in four, at 20%
+    got = calibration(uniform, truth, levels)
+    assert got["log_loss"] == pytest.approx(np.log(5)) and got["ece"] == pytest.approx(0.05)
+    rng = np.random.default_rng(0)  # against the definition written out
+    probs = rng.dirichlet(np.ones(5), size=500)
+    truth = levels[rng.integers(0, 5, size=500)] + rng.normal(0, 0.1, size=500)  # off-level: the nearest
+    nearest = np.rint(truth).clip(1, 5).astype(int) - 1
+    conf, top = probs.max(axis=1), probs.argmax(axis=1)
+    ece = 0.0
+    for b in range(ECE_BINS):
+        lo, hi = b / ECE_BINS, (b + 1) / ECE_BINS
+        inside = (conf >= lo) & ((conf < hi) if b < ECE_BINS - 1 else (conf <= hi))
+        if inside.any():
+            ece += inside.sum() / 500 * abs((top[inside] == nearest[inside]).mean() - conf[inside].mean())
+    got = calibration(probs, truth, levels)
+    assert got["ece"] == pytest.approx(ece)
+    assert got["log_loss"] == pytest.approx(-np.mean(np.log(probs[np.arange(500), nearest])))
