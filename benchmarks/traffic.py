@@ -294,10 +294,12 @@ def ratios(record: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def targets(r: dict[str, dict[str, float]]) -> list[tuple[str, float, str, bool]]:
-    """(what, value, target, met) of every target, cold and warm."""
+    """(what, value, target, met) of every target, cold and warm, of the kinds and loads that ran."""
     out = []
     for (kind, load, what), target in TARGETS.items():
         key = f"{kind}/{load}"
+        if key not in r:
+            continue
         for phase in ("cold", "warm"):
             v = r[key][f"{phase}_{what}"]
             met = v <= target if what == "p50" else v >= target
@@ -312,6 +314,8 @@ def targets(r: dict[str, dict[str, float]]) -> list[tuple[str, float, str, bool]
             )
     for kind in ("zipf", "online"):  # no slower than uniform: within 10% (the run-to-run noise of wrk here)
         for load in ("idle", "writes"):
+            if f"{kind}/{load}" not in r or f"uniform/{load}" not in r:
+                continue
             for phase in ("cold", "warm"):
                 v, u = r[f"{kind}/{load}"][f"{phase}_p50"], r[f"uniform/{load}"][f"{phase}_p50"]
                 out.append((f"{kind}/{load} {phase} p50 over uniform's", v / u, "<= 1.1", v / u <= 1.1))
