@@ -420,6 +420,12 @@ class ServedModel:
         return self.fold.item_id(index)
 
     @property
+    def temperature(self) -> float:
+        """The temperature of the served distributions (model/calibration.py): the artifact's
+        `calibration` choice, else 1 (as the network and the CRF give them)."""
+        return float((self.artifact.meta.get("calibration") or {}).get("temperature", 1.0))
+
+    @property
     def diversity(self) -> float:
         """/recommend's default diversity: DCMC_DIVERSITY, else the artifact's choice (`ranking`), else 0."""
         if self.settings.diversity is not None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from model.artifact import Artifact, load_artifact
+from model.calibration import scores, tempered
 from model.config import InferenceConfig
 from model.engine import expected_rating
 from model.scorers import artifact_scorer, predict_distributions
@@ -38,10 +39,6 @@ def map_entries(
     return users, items
 
 
-ECE_BINS = 15
-"""Equal-width bins of the top level's probability in the expected calibration error."""
-
-
 def predict_ratings(
     artifact: Artifact,
     rows: np.ndarray,
@@ -66,27 +63,6 @@ def predict_levels(
     """The rating-level distributions (K, levels) of artifact-indexed entries (`predict_ratings`)."""
     network, scorer = artifact_scorer(artifact, inference, include_held_out)
     return np.asarray(predict_distributions(network, scorer, rows, cols), dtype=np.float64)
-
-
-def calibration(probs: np.ndarray, truth: np.ndarray, levels: np.ndarray) -> dict[str, float]:
-    """How well the level distributions `probs` (K, levels) forecast the ratings `truth` (K,): the log
-    loss (mean negative log probability of the true level, natural log, each probability at least 1e-12)
-    and the expected calibration error of the top level (ECE_BINS equal-width bins of its probability:
-    the bins' |share of ratings at that level - mean probability|, weighted by their counts). A rating off
-    the levels counts as its nearest level."""
-    true = np.abs(truth[:, None] - np.asarray(levels, dtype=np.float64)[None, :]).argmin(axis=1)
-    picked = probs[np.arange(len(truth)), true]
-    log_loss = float(-np.mean(np.log(np.clip(picked, 1e-12, None))))
-    top = probs.argmax(axis=1)
-    confidence = probs.max(axis=1)
-    hit = (top == true).astype(np.float64)
-    bins = np.minimum((confidence * ECE_BINS).astype(np.int64), ECE_BINS - 1)
-    ece = 0.0
-    for b in range(ECE_BINS):
-        inside = bins == b
-        if inside.any():
-            ece += inside.mean() * abs(hit[inside].mean() - confidence[inside].mean())
-    return {"log_loss": log_loss, "ece": float(ece)}
 
 
 def held_out(artifact: Artifact, split: RatingSplit, part: str) -> Entries:
@@ -170,7 +146,7 @@ def evaluate(
         "model_version": artifacts[0].model_version,
         "inference": inference.mode,
         **_errors(pred, entries.values),
-        **calibration(np.mean(distributions, axis=0), entries.values, artifacts[0].levels),
+        **_calibration(artifacts, np.mean(distributions, axis=0), entries.values),
         "n": len(entries),
         "settings": read_settings(inference),
         **({"averaged": [read_settings(a) for a in averaged]} if averaged else {}),
@@ -180,6 +156,21 @@ def evaluate(
         result["model_version"] = [a.model_version for a in artifacts]
         result["members"] = [_errors(p, entries.values) for p in members]
     return result
+
+
+def _calibration(artifacts: list[Artifact], probs: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
+    """`log_loss` and `ece` of the distributions as the service serves them: tempered by the artifact's
+    `calibration` temperature where it has one (an ensemble's averaged distributions: untempered), then
+    the untempered figures beside them."""
+    levels = artifacts[0].levels
+    temperature = float((artifacts[0].meta.get("calibration") or {}).get("temperature", 1.0))
+    if len(artifacts) > 1 or temperature == 1.0:
+        return scores(probs, truth, levels)
+    return {
+        **scores(tempered(probs, temperature), truth, levels),
+        "temperature": temperature,
+        "uncalibrated": scores(probs, truth, levels),
+    }
 
 
 def _errors(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]:

@@ -15,6 +15,7 @@ import numpy as np
 import torch.distributed as dist
 
 from model.artifact import AVERAGED, load_artifact, load_staged
+from model.calibration import choose_temperature
 from model.catalogue import ItemRecord, read_items, read_movielens_items
 from model.config import ConfigError, InferenceConfig, ModelConfig
 from model.network import DCMC
@@ -287,6 +288,7 @@ def run_training(
                                       train_cfg.seed, tune_trials, tune_timeout, progress)  # fmt: skip
         metrics["fold_in"] = _fold_in(directory, config, tune, train_cfg.seed)
         metrics["ranking"] = _ranking(directory, config, tune, train_cfg.seed)
+        metrics["calibration"] = _calibration(directory, config, tune, train_cfg.seed)
 
     refit = train_cfg.refit and val_entries is not None and len(val_entries) > 0
     first = out.parent / f".{out.name}.carve" if refit else out  # the carve's artifact, then the refit's
@@ -415,6 +417,8 @@ def _refit(
             config["fold_in"] = chosen["fold_in"]
         if "ranking" in chosen:
             config["ranking"] = chosen["ranking"]
+        if "calibration" in chosen:
+            config["calibration"] = chosen["calibration"]
         if searches:
             config[AVERAGED] = [result.chosen.to_dict() for result in searches]
         for k, result in enumerate(searches, start=1):
@@ -506,6 +510,18 @@ def _ranking(directory: Path, config: dict[str, Any], enabled: bool, seed: int) 
     record = choose_diversity(load_staged(directory, config), seed=seed)
     if "diversity" in record:
         config["ranking"] = record
+    return record
+
+
+def _calibration(directory: Path, config: dict[str, Any], enabled: bool, seed: int) -> dict[str, Any]:
+    """Choose the temperature of the served distributions on the validation ratings (model/calibration.py)
+    of the artifact being written, after its inference settings; recorded in its config as `calibration`
+    where it lowers the validation log loss."""
+    if not enabled:
+        return {"skipped": "--no-tune: the service serves the distributions untempered"}
+    record = choose_temperature(load_staged(directory, config), seed=seed)
+    if "temperature" in record:
+        config["calibration"] = record
     return record
 
 

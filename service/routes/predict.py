@@ -9,6 +9,7 @@ import orjson
 from fastapi import APIRouter, Header, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from model.calibration import tempered
 from model.exact.explain import CannotExplain
 from model.ids import UnknownIdError
 from service.auth import holds_write_token, require_read
@@ -107,6 +108,7 @@ def answer(
     # and validating 1000 pydantic objects would cost more than the prediction itself.
     if distribution:
         assert dist is not None
+        dist = tempered(dist, scorer.temperature)  # calibrated on validation ratings; `rating` is untempered
         predictions = [
             {"item": item, "rating": r, "distribution": d}
             for item, r, d in zip(items, ratings.tolist(), dist.tolist(), strict=True)

@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model.calibration import ECE_BINS
+from model.calibration import scores as calibration
 from model.config import ConfigError
 from training.data import DataError
-from training.evaluate import ECE_BINS, calibration, evaluate
+from training.evaluate import evaluate
 from training.pipeline import run_training
 
 
