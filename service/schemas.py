@@ -126,7 +126,11 @@ class Prediction(BaseModel):
 
     item: str
     rating: float = Field(description="Expected rating sum_u L_u P_u, within the rating scale.")
-    distribution: list[float] | None = Field(default=None, description="P(rating = L_u) per level.")
+    distribution: list[float] | None = Field(
+        default=None,
+        description="P(rating = L_u) per level, tempered by the artifact's calibration where it has one "
+        "(`rating` stays the expected rating of the untempered distribution).",
+    )
     fallback: Literal["baseline"] | None = Field(
         default=None,
         description="`baseline`: a new item the network cannot embed yet (none of its raters is a user the "

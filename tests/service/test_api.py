@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from model.artifact import load_artifact
+from model.calibration import tempered
 from model.config import ConfigError
 from tests.service.conftest import App, Service, requests_to_fill
 from training.evaluate import predict_ratings
@@ -46,7 +47,10 @@ def test_predictions_equal_the_offline_evaluator(
         assert ((got >= levels[0]) & (got <= levels[-1])).all()
         dist = np.array([p["distribution"] for p in body["predictions"]])
         np.testing.assert_allclose(dist.sum(axis=1), 1.0, atol=1e-9)
-        np.testing.assert_allclose(dist @ levels, got, atol=1e-9)
+        # The served distribution is tempered by the artifact's calibration (model/calibration.py); the
+        # rating is the expected rating of the untempered one.
+        temperature = float((artifact.meta.get("calibration") or {}).get("temperature", 1.0))
+        np.testing.assert_allclose(tempered(dist, 1 / temperature) @ levels, got, atol=1e-9)
 
 
 def test_distribution_is_omitted_unless_asked(app: App) -> None:
