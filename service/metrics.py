@@ -71,6 +71,13 @@ class Metrics:
             ["event"],
             registry=self.registry,
         )
+        self.impressions = Counter(
+            "dcmc_impressions",
+            "What /recommend and /similar-items answers showed, written to the impressions stream (written) "
+            "or dropped because Redis was slow or down (dropped; the answer was not slowed).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.stream_gaps = Counter(
             "dcmc_stream_gaps",
             "Times a compaction trimmed the rating stream past this worker's place (recovered: the compacted "

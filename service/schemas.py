@@ -184,6 +184,9 @@ class SimilarItemsResponse(BaseModel):
         description="Clauses of the filter that match nothing because no item has what they name",
     )
     similar: list[SimilarItem]
+    recommendation_id: str = Field(
+        description="This answer's id (32 hex digits): what it showed is kept in the impressions stream."
+    )
 
 
 class Replication(BaseModel):

@@ -31,6 +31,7 @@ from model.scorers import check_inference
 from model.stream import Entry, ItemEntry, Poison, entry_fields, item_fields, off_levels
 from model.types import Array
 from service.catalogue import CatalogueIndex, CatalogueView
+from service.impressions import Impressions, new_id
 from service.memory import release_memory
 from service.metrics import Metrics
 from service.online import Durability, NotDurable, RatingLog
@@ -213,6 +214,15 @@ class ServedModel:
                 ),
             }
         )
+        self.impressions: Impressions | None = None
+        if settings.redis_url and settings.impressions_max:
+            self.impressions = Impressions(
+                settings.redis_url,
+                settings.redis_key_prefix,
+                settings.impressions_max,
+                settings.redis_timeout_s,
+                metrics,
+            )
         if settings.redis_url:
             self.ratings = RatingLog(
                 settings.redis_url,
@@ -273,6 +283,8 @@ class ServedModel:
             self.replica.stop()
         if self.ratings is not None:
             self.ratings.close()
+        if self.impressions is not None:
+            self.impressions.close()
 
     def redis_state(self) -> str:
         """`disabled` (no REDIS_URL), `ok` or `down` (probed again when down, at most once per retry)."""
@@ -418,6 +430,14 @@ class ServedModel:
     def item_id(self, index: int) -> str:
         """The external id of an item index."""
         return self.fold.item_id(index)
+
+    def shown(self, route: str, subject: str, items: Sequence[str], scores: Sequence[float]) -> str:
+        """A new recommendation id for an answer that shows `items`, its impression queued
+        (service/impressions.py; nothing without Redis)."""
+        recommendation_id = new_id()
+        if self.impressions is not None:
+            self.impressions.record(route, subject, items, scores, self.version, recommendation_id)
+        return recommendation_id
 
     @property
     def temperature(self) -> float:

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     Content-Length, or while it streams in)."""
     max_ratings: PositiveInt = 1000
     """Largest `ratings` batch accepted by POST /ratings."""
+    impressions_max: int = Field(default=100_000, ge=0)
+    """Entries the impressions stream `<prefix>:impressions` keeps, about (service/impressions.py); 0 = no
+    impressions written (answers still carry a `recommendation_id`)."""
     max_item_changes: PositiveInt = 1000
     """Largest `items` batch accepted by POST /items (catalogue changes)."""
     explain_k: PositiveInt = 5

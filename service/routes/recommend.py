@@ -64,6 +64,10 @@ class RecommendResponse(BaseModel):
         description="Clauses of the filter that match nothing because no item has what they name",
     )
     recommendations: list[Recommendation]
+    recommendation_id: str = Field(
+        description="This answer's id (32 hex digits): what it showed is kept in the impressions stream "
+        "(service/impressions.py)."
+    )
 
 
 _ID_LIST = "Comma-separated external item ids, in one parameter (`{name}=i1,i2,i3`; not repeated)."
@@ -354,6 +358,8 @@ def ranked(
             if amount:
                 rec["boost"] = amount
     payload["recommendations"] = recommendations
+    shown_items = [scorer.item_id(int(i)) for i in best]
+    payload["recommendation_id"] = scorer.shown("/recommend", q.user, shown_items, scores.tolist())
     return payload, state, best, fallback
 
 

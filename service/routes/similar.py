@@ -110,12 +110,14 @@ async def similar_items(
         allowed = allowed & selected
         notes += [f"default filter: {note}" for note in more]
     found, scores = scorer.similar_items(index, k, allowed)
+    similar = [
+        SimilarItem(item=scorer.item_id(int(i)), score=float(s)) for i, s in zip(found, scores, strict=True)
+    ]
+    shown = scorer.shown("/similar-items", item_id, [s.item for s in similar], [s.score for s in similar])
     return SimilarItemsResponse(
         item=item_id,
         model_version=scorer.version,
-        similar=[
-            SimilarItem(item=scorer.item_id(int(i)), score=float(s))
-            for i, s in zip(found, scores, strict=True)
-        ],
+        similar=similar,
         filter_notes=notes or None,
+        recommendation_id=shown,
     )

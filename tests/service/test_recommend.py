@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,7 +73,8 @@ def popular_ranking(artifact: Artifact) -> tuple[list[str], dict[str, float]]:
 def check(
     body: dict[str, Any], user: str, ranking: list[str], ratings: dict[str, float], atol: float = 1e-12
 ) -> None:
-    assert list(body) == ["user", "model_version", "inference", "recommendations"]
+    assert list(body) == ["user", "model_version", "inference", "recommendations", "recommendation_id"]
+    assert re.fullmatch("[0-9a-f]{32}", body["recommendation_id"])
     assert body["user"] == user
     assert [r["item"] for r in body["recommendations"]] == ranking
     np.testing.assert_allclose(
@@ -241,6 +243,7 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
         "rules",
         "filter_notes",
         "recommendations",
+        "recommendation_id",
     }
 
 

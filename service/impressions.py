@@ -1,0 +1,112 @@
+"""Impressions: what each answer showed, kept off the answer's path.
+
+Every /recommend and /similar-items answer carries a `recommendation_id` (a random 128-bit id, hex). With
+Redis configured, what it showed (the id, the route, the user or the item asked about, the items in order
+with their scores, the model version, when) is appended to a bounded Redis stream,
+`<prefix>:impressions` (about DCMC_IMPRESSIONS_MAX entries, the oldest going first), by a thread of its
+own: the answer only puts the impression on a bounded queue. When the queue is full (Redis slow or down)
+the impression is dropped and counted (`dcmc_impressions_total{outcome="dropped"}`); the answer is never
+slower for it. Impressions are evaluation data, not state: unlike ratings they are not durable, and a
+lost one changes no model.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from model.stream import connect
+
+log = logging.getLogger(__name__)
+
+QUEUE_SIZE = 10_000
+"""Impressions waiting to be written at most; past it they are dropped."""
+
+BATCH = 500
+"""Impressions written per Redis round trip at most."""
+
+
+def new_id() -> str:
+    """A recommendation id: 32 hex digits, random."""
+    return uuid.uuid4().hex
+
+
+def impressions_key(prefix: str) -> str:
+    """The stream of impressions under the key prefix `prefix`."""
+    return f"{prefix}:impressions"
+
+
+class Impressions:
+    """The queue and the thread that write impressions to Redis (module docstring)."""
+
+    def __init__(self, url: str, prefix: str, max_entries: int, timeout_s: float, metrics: Any) -> None:
+        self.key = impressions_key(prefix)
+        self.max_entries = max_entries
+        self.client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._written = metrics.impressions.labels("written")
+        self._dropped = metrics.impressions.labels("dropped")
+        self._queue: queue.Queue[dict[str, bytes | str]] = queue.Queue(QUEUE_SIZE)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="impressions", daemon=True)
+        self._thread.start()
+
+    def record(
+        self,
+        route: str,
+        subject: str,
+        items: Sequence[str],
+        scores: Sequence[float],
+        model_version: str,
+        recommendation_id: str,
+    ) -> None:
+        """Queue what an answer showed (never blocks: a full queue drops it, counted)."""
+        fields: dict[str, bytes | str] = {
+            "id": recommendation_id,
+            "route": route,
+            "subject": subject,
+            "items": orjson.dumps(list(items)),
+            "scores": orjson.dumps([float(s) for s in scores]),
+            "model_version": model_version,
+            "at": repr(time.time()),
+        }
+        try:
+            self._queue.put_nowait(fields)
+        except queue.Full:
+            self._dropped.inc()
+
+    def _run(self) -> None:
+        import redis
+
+        while not self._stop.is_set():
+            try:
+                batch = [self._queue.get(timeout=0.2)]
+            except queue.Empty:
+                continue
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for fields in batch:
+                    pipe.xadd(self.key, fields, maxlen=self.max_entries, approximate=True)
+                pipe.execute()
+                self._written.inc(len(batch))
+            except redis.RedisError as exc:
+                self._dropped.inc(len(batch))
+                log.warning("%d impressions dropped: Redis failed (%s)", len(batch), exc)
+                self._stop.wait(0.5)
+
+    def close(self) -> None:
+        """Stop the thread (what is queued is dropped) and release the connection."""
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.client.close()
