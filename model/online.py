@@ -58,7 +58,7 @@ Embed = Callable[[Array], Array]
 USER_SHRINK, ITEM_SHRINK = 2.0, 5.0
 """Ridge penalties of the bias baseline that predicts a new item until it has an embedding."""
 
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 """The layout of `FoldIn.snapshot`'s payload; a snapshot of another layout is refused (1: before
 catalogue changes)."""
 
@@ -100,11 +100,16 @@ class OnlineState:
     """item id -> `records_applied` of the state in which its record last changed."""
     records_applied: int = 0
     """How many online catalogue changes this state includes."""
+    dismissed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """external user id -> the external ids of the items they dismissed (`dismiss` events) since they
+    were last forgotten: kept out of their lists."""
+    dismissals_applied: int = 0
+    """How many dismissals and forgets of users with dismissals this state includes."""
 
     @property
     def writes(self) -> int:
-        """Online ratings and catalogue changes this state includes (what a snapshot counts)."""
-        return self.applied + self.records_applied
+        """Online ratings, catalogue changes and dismissals this state includes (what a snapshot counts)."""
+        return self.applied + self.records_applied + self.dismissals_applied
 
     def user_version(self, user: int) -> tuple[int, int]:
         """What the user's own part of its answers depends on (`ExactScorer.row_parts`): equal in two
@@ -114,6 +119,23 @@ class OnlineState:
     def baseline(self, user: int, items: IntArray) -> np.ndarray:
         """The bias baseline's ratings mu + b_user + c_j: (K,)."""
         return self.biases.predict(user, items)
+
+
+def _dismissed(state: OnlineState, dismissals: Sequence[tuple[str, str]]) -> OnlineState:
+    """`state` with the (user, item) dismissals and (user, FORGET) forgets applied, in order (a forget of
+    a user without dismissals changes nothing)."""
+    dismissed = dict(state.dismissed)
+    count = state.dismissals_applied
+    for user, item in dismissals:
+        if item == FORGET:
+            if dismissed.pop(user, None) is not None:
+                count += 1
+        elif item not in dismissed.get(user, frozenset()):
+            dismissed[user] = dismissed.get(user, frozenset()) | {item}
+            count += 1
+    if count == state.dismissals_applied:
+        return state
+    return replace(state, dismissed=dismissed, dismissals_applied=count, published=time.monotonic())
 
 
 @dataclass
@@ -273,13 +295,16 @@ class FoldIn:
         self,
         ratings: Sequence[tuple[str, str, float | None]],
         items: Sequence[tuple[str, ItemChange]] = (),
+        dismissals: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Fold in (external user id, external item id, rating) triples, in order; later ones win. A rating
         None retracts the pair's rating (online or the artifact's); a pair of an unknown user or item has
         none to retract. (user, FORGET, None) forgets the user: every rating of theirs is taken back and the
         user is unknown to queries until a later rating of theirs. `items`: catalogue changes (item id,
-        change), in order; ValueError (nothing applied) where one leaves a record past a limit."""
-        if not ratings and not items:
+        change), in order; ValueError (nothing applied) where one leaves a record past a limit.
+        `dismissals`: (user, item) dismissals and (user, FORGET) forgets, in stream order (a forget drops
+        the user's earlier dismissals)."""
+        if not ratings and not items and not dismissals:
             return
         with self._lock:
             records = self._changed_records(items)  # checked before anything changes
@@ -300,6 +325,8 @@ class FoldIn:
                     records_applied=count,
                     published=time.monotonic(),
                 )
+            if dismissals:
+                self.state = _dismissed(self.state, dismissals)
 
     def _changed_records(self, items: Sequence[tuple[str, ItemChange]]) -> dict[str, ItemRecord]:
         """The records the changes leave, by item (the caller holds the lock); ValueError naming the item
@@ -403,6 +430,8 @@ class FoldIn:
             records=old.records,
             record_versions=old.record_versions,
             records_applied=old.records_applied,
+            dismissed=old.dismissed,
+            dismissals_applied=old.dismissals_applied,
         )
 
     def snapshot(self) -> tuple[int, bytes]:
@@ -455,6 +484,15 @@ class FoldIn:
                     ).encode(),
                     dtype=np.uint8,
                 ),
+                "dismissed": np.frombuffer(
+                    json.dumps(
+                        {
+                            "applied": state.dismissals_applied,
+                            "users": [[user, sorted(items)] for user, items in state.dismissed.items()],
+                        }
+                    ).encode(),
+                    dtype=np.uint8,
+                ),
                 **{f"scorer_{name}": value for name, value in state.scorer.online_tables().items()},
             }
             buffer = io.BytesIO()
@@ -472,14 +510,17 @@ class FoldIn:
             fmt, applied, items_changed, n, m, n_base = (int(x) for x in a["format"])
             ids = json.loads(a["ids"].tobytes().decode())
             catalogue = json.loads(a["catalogue"].tobytes().decode()) if "catalogue" in a else None
+            dismissed = json.loads(a["dismissed"].tobytes().decode()) if "dismissed" in a else None
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             raise SnapshotError(f"not a fold-in snapshot: {exc}") from exc
-        if fmt != SNAPSHOT_FORMAT or catalogue is None:
+        if fmt != SNAPSHOT_FORMAT or catalogue is None or dismissed is None:
             raise SnapshotError(f"snapshot layout {fmt}, this code reads {SNAPSHOT_FORMAT}")
         try:
             records = {str(i): ItemRecord.model_validate(r) for i, r, _ in catalogue["records"]}
             versions = {str(i): int(v) for i, _, v in catalogue["records"]}
             records_applied = int(catalogue["applied"])
+            dismissals = {str(u): frozenset(str(i) for i in items) for u, items in dismissed["users"]}
+            dismissals_applied = int(dismissed["applied"])
         except (KeyError, TypeError, ValueError) as exc:  # pydantic's ValidationError too
             raise SnapshotError(f"the snapshot's catalogue cannot be read: {exc}") from None
         config = self.artifact.config
@@ -493,7 +534,12 @@ class FoldIn:
                     raise SnapshotError("only a fold-in that has applied nothing can restore")
                 self._restore(a, users, items, applied, items_changed)
                 self.state = replace(
-                    self.state, records=records, record_versions=versions, records_applied=records_applied
+                    self.state,
+                    records=records,
+                    record_versions=versions,
+                    records_applied=records_applied,
+                    dismissed=dismissals,
+                    dismissals_applied=dismissals_applied,
                 )
         except (KeyError, IndexError, ValueError) as exc:
             if isinstance(exc, SnapshotError):

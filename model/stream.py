@@ -9,6 +9,11 @@ An entry is one of
     {user, forget}          forget the user: every rating of theirs before it is gone (DELETE /users/{id})
     {item, record}          the item's catalogue record, whole (PUT /items/{id}; JSON, model/catalogue.py)
     {item, patch}           a change to part of it (PATCH /items/{id}; a JSON merge patch)
+    {user, item, event}     an interaction that is not a rating (POST /events: `click`, `view`, `dismiss`,
+                            ...); `dismiss` keeps the item out of the user's lists
+
+A rating or an event may also carry `rec`, the recommendation id of the answer it follows (evaluation
+reads it: model/experiments.py; the model does not).
 
 with external ids of 1 to MAX_ID_LENGTH characters. Anything else is poison: the service skips it (and
 copies it to the dead-letter stream), and so does the trainer. Ratings and catalogue changes share the one
@@ -47,6 +52,19 @@ FORGET_FIELD = "forget"
 RECORD, PATCH = "record", "patch"
 """The stream fields of a catalogue change (with `item`): the whole record, or a merge patch (JSON)."""
 
+EVENT, REC = "event", "rec"
+"""The stream field of an event's kind (with `user` and `item`), and of the recommendation id a rating or
+an event names."""
+
+DISMISS = "dismiss"
+"""The event that keeps an item out of the user's lists from then on (until the user is forgotten)."""
+
+EVENT_KIND = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+"""What an event's kind looks like: `click`, `view`, `dismiss`, `add-to-cart`, ..."""
+
+REC_ID = re.compile(r"^[0-9a-f]{32}$")
+"""What a recommendation id looks like (service/impressions.py makes them)."""
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -77,6 +95,22 @@ class ItemEntry:
 
 
 @dataclass(frozen=True)
+class Event:
+    """One event as applied: stream id, external user and item ids, its kind (`EVENT_KIND`), and the
+    recommendation id it names (None for none)."""
+
+    id: str
+    user: str
+    item: str
+    kind: str
+    rec: str | None = None
+
+    def fields(self) -> dict[str, str]:
+        """Its stream fields."""
+        return event_fields(self.user, self.item, self.kind, self.rec)
+
+
+@dataclass(frozen=True)
 class Poison:
     """A stream entry that cannot be applied (a missing field, a bad value): skipped, copied to the
     dead-letter stream, counted and reported."""
@@ -86,14 +120,25 @@ class Poison:
     reason: str
 
 
-def entry_fields(user: str, item: str, rating: float | None) -> dict[str, str]:
-    """A stream entry's fields: {user, item, rating}, {user, item, retract} for a retraction, or
-    {user, forget} to forget the user (item FORGET)."""
+def entry_fields(user: str, item: str, rating: float | None, rec: str | None = None) -> dict[str, str]:
+    """A stream entry's fields: {user, item, rating} (with `rec`, the recommendation id it answers, where
+    given), {user, item, retract} for a retraction, or {user, forget} to forget the user (item FORGET)."""
     if rating is None and item == FORGET:
         return {"user": user, FORGET_FIELD: "1"}
     if rating is None:
         return {"user": user, "item": item, RETRACT: "1"}
-    return {"user": user, "item": item, "rating": repr(float(rating))}
+    fields = {"user": user, "item": item, "rating": repr(float(rating))}
+    if rec is not None:
+        fields[REC] = rec
+    return fields
+
+
+def event_fields(user: str, item: str, kind: str, rec: str | None = None) -> dict[str, str]:
+    """An event's stream fields: {user, item, event} and `rec` where given."""
+    fields = {"user": user, "item": item, EVENT: kind}
+    if rec is not None:
+        fields[REC] = rec
+    return fields
 
 
 def item_fields(item: str, change: ItemChange) -> dict[str, str]:
@@ -117,9 +162,21 @@ def _item_entry(eid: str, f: dict[str, str], shown: dict[str, str]) -> ItemEntry
     return ItemEntry(eid, f["item"], change)
 
 
-def parse_entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | ItemEntry | Poison:
+def _event(eid: str, f: dict[str, str], shown: dict[str, str]) -> Event | Poison:
+    for name in ("user", "item"):
+        if not 0 < len(f.get(name, "")) <= MAX_ID_LENGTH:
+            return Poison(eid, shown, f"an event needs a {name} id of 1 to {MAX_ID_LENGTH} characters")
+    if not EVENT_KIND.match(f[EVENT]):
+        return Poison(eid, shown, "an event kind is 1 to 32 of a-z, 0-9, _ and -, starting with a letter")
+    rec = f.get(REC)
+    if rec is not None and not REC_ID.match(rec):
+        return Poison(eid, shown, "a recommendation id is 32 hex digits")
+    return Event(eid, f["user"], f["item"], f[EVENT], rec)
+
+
+def parse_entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | ItemEntry | Event | Poison:
     """A stream entry (its id and fields, as Redis returns them) as an Entry (a rating, retraction or
-    forget), an ItemEntry (a catalogue change), or as Poison saying what is wrong with it."""
+    forget), an ItemEntry (a catalogue change), an Event, or as Poison saying what is wrong with it."""
     eid = text(entry_id)
     decoded = {_text_or_none(k): _text_or_none(v) for k, v in fields.items()}
     f = {k: v for k, v in decoded.items() if k is not None and v is not None}
@@ -128,6 +185,8 @@ def parse_entry(entry_id: bytes | str, fields: dict[Any, Any]) -> Entry | ItemEn
         return Poison(eid, shown, "a field that is not UTF-8")
     if RECORD in f or PATCH in f:
         return _item_entry(eid, f, shown)
+    if EVENT in f:
+        return _event(eid, f, shown)
     if FORGET_FIELD in f and "user" in f and 0 < len(f["user"]) <= MAX_ID_LENGTH:
         return Entry(eid, f["user"], FORGET, None)
     missing = [name for name in ("user", "item") if name not in f]
@@ -180,6 +239,9 @@ class Compacted:
     items: tuple[tuple[str, ItemChange], ...] = ()
     """Each changed item's catalogue changes, composed into one (`ItemChange.then`), in the order of the
     items' first change."""
+    dismissed: tuple[tuple[str, str], ...] = ()
+    """(user, item) pairs dismissed (`DISMISS` events) since the user was last forgotten. Other events
+    are evaluation data: compaction drops them."""
 
     def entries(self) -> list[tuple[str, str, float | None]]:
         """(user, item, rating) triples to fold in: forgets, then retractions, then ratings."""
@@ -198,6 +260,7 @@ class Compacted:
                 "retracted": self.retracted,
                 "forgotten": self.forgotten,
                 "items": [[item, change.to_json()] for item, change in self.items],
+                "dismissed": self.dismissed,
             }
         )
 
@@ -217,6 +280,7 @@ class Compacted:
                 tuple((str(u), str(i)) for u, i in d["retracted"]),
                 tuple(str(u) for u in d["forgotten"]),
                 tuple((str(i), ItemChange.from_json(c)) for i, c in d.get("items", ())),  # older heads: none
+                tuple((str(u), str(i)) for u, i in d.get("dismissed", ())),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a compacted head: {exc}") from None

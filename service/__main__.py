@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 # One BLAS thread per worker: requests are small, and workers (not threads) use the cores.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.artifact import ArtifactError, read_config, verify
     from model.config import ConfigError
+    from model.experiments import ExperimentError
     from model.scorers import check_inference
+    from service.experiments import load_experiments, variant_settings
     from service.scoring import effective_inference
     from service.settings import Settings
 
@@ -54,6 +57,21 @@ def main(argv: list[str] | None = None) -> int:
         verify(settings.artifacts)
         model_config, stored = read_config(settings.artifacts)
         check_inference(effective_inference(stored, settings), model_config)
+        experiments = load_experiments(settings)
+        for experiment, variant in experiments.model_variants() if experiments is not None else []:
+            where = f"experiment {experiment.id!r}, variant {variant.name!r}: "
+            try:
+                own = Path(variant.artifact) if variant.artifact else settings.artifacts
+                verify(own)
+                model_config, stored = read_config(own)
+                check_inference(
+                    effective_inference(stored, variant_settings(settings, variant)), model_config
+                )
+            except (ArtifactError, ConfigError) as exc:
+                raise ExperimentError(where + str(exc)) from None
+    except ExperimentError as exc:
+        print(f"dcmc serve: error: {exc}", file=sys.stderr)
+        return 2
     except ValidationError as exc:
         print(f"dcmc serve: error: invalid settings: {exc}", file=sys.stderr)
         return 2

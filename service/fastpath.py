@@ -35,7 +35,7 @@ from service.recommend import split_ids
 from service.routes.predict import answer
 from service.routes.ratings import store
 from service.routes.recommend import plain
-from service.schemas import MAX_ID_LENGTH
+from service.schemas import MAX_ID_LENGTH, RecommendationId
 
 _StringId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_LENGTH)]
 
@@ -60,6 +60,7 @@ class StringRating(BaseModel):
     user: _StringId
     item: _StringId
     rating: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+    recommendation_id: RecommendationId | None = None
 
 
 class StringRatings(BaseModel):

@@ -1,13 +1,14 @@
 """Impressions: what each answer showed, kept off the answer's path.
 
-Every /recommend and /similar-items answer carries a `recommendation_id` (a random 128-bit id, hex). With
-Redis configured, what it showed (the id, the route, the user or the item asked about, the items in order
-with their scores, the model version, when) is appended to a bounded Redis stream,
-`<prefix>:impressions` (about DCMC_IMPRESSIONS_MAX entries, the oldest going first), by a thread of its
-own: the answer only puts the impression on a bounded queue. When the queue is full (Redis slow or down)
-the impression is dropped and counted (`dcmc_impressions_total{outcome="dropped"}`); the answer is never
-slower for it. Impressions are evaluation data, not state: unlike ratings they are not durable, and a
-lost one changes no model.
+Every /recommend and /similar-items answer (and /predict's where asked) carries a `recommendation_id` (a
+random 128-bit id, hex). With Redis configured, what it showed is appended to a bounded Redis stream,
+`<prefix>:impressions` (about DCMC_IMPRESSIONS_MAX entries, the oldest going first): the id, the route,
+the `user` or the `item` asked about, the items in order with their scores, the model version, when, and
+in an experiment its `experiment` and `variant`, the variant that placed each item (`teams`, interleaved)
+and each item's served distribution (`dists`). A thread of its own writes them: the answer only puts the
+impression on a bounded queue. When the queue is full (Redis slow or down) the impression is dropped and
+counted (`dcmc_impressions_total{outcome="dropped"}`); the answer is never slower for it. Impressions are
+evaluation data, not state: unlike ratings they are not durable, and a lost one changes no model.
 """
 
 from __future__ import annotations
@@ -64,22 +65,27 @@ class Impressions:
     def record(
         self,
         route: str,
-        subject: str,
+        subject: dict[str, str],
         items: Sequence[str],
         scores: Sequence[float],
         model_version: str,
         recommendation_id: str,
+        more: dict[str, Any] | None = None,
     ) -> None:
-        """Queue what an answer showed (never blocks: a full queue drops it, counted)."""
+        """Queue what an answer showed (never blocks: a full queue drops it, counted). `subject`: {"user":
+        id} or {"item": id}; `more`: `experiment` and `variant` (strings), `teams` (the variant that placed
+        each item, interleaved), `dists` (each item's served distribution, or None)."""
         fields: dict[str, bytes | str] = {
             "id": recommendation_id,
             "route": route,
-            "subject": subject,
+            **subject,
             "items": orjson.dumps(list(items)),
             "scores": orjson.dumps([float(s) for s in scores]),
             "model_version": model_version,
             "at": repr(time.time()),
         }
+        for name, value in (more or {}).items():
+            fields[name] = value if isinstance(value, str) else orjson.dumps(value)
         try:
             self._queue.put_nowait(fields)
         except queue.Full:

@@ -17,30 +17,34 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from model.artifact import load_artifact
+from service.experiments import Experiments, ResultsCache, load_experiments
 from service.fastpath import FastPath
 from service.memory import tune_allocator
 from service.metrics import Metrics, MetricsMiddleware
 from service.reload import Reloader
-from service.routes import items, ops, predict, ratings, recommend, similar
+from service.routes import events, items, ops, predict, ratings, recommend, similar
+from service.routes import experiments as experiment_routes
 from service.scoring import ServedModel
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 
-def _load(settings: Settings, metrics: Metrics, path: Path | None = None) -> ServedModel:
+def _load(
+    settings: Settings, metrics: Metrics, path: Path | None = None, experiments: Experiments | None = None
+) -> ServedModel:
     """Verify and load the artifact (at `path`, default the served one, its link resolved once so that
     every file comes from one directory), precompute, place it in the online ratings and follow them
     (one try at catching up now; runs in a thread)."""
     artifact = load_artifact(path or os.path.realpath(settings.artifacts))  # ArtifactError stops start-up
-    scorer = ServedModel(artifact, settings, metrics)
+    scorer = ServedModel(artifact, settings, metrics, experiments)
     scorer.start()
     return scorer
 
 
 def _rebuild(settings: Settings, metrics: Metrics, served: ServedModel) -> ServedModel:
     """A fresh model of the artifact `served` serves (its files are not read again), started."""
-    scorer = ServedModel(served.artifact, settings, metrics)
+    scorer = ServedModel(served.artifact, settings, metrics, served.experiments)
     scorer.start()
     return scorer
 
@@ -65,16 +69,17 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings) -> FastAPI:
     """The service for one artifact; nothing is loaded until the lifespan starts."""
     metrics = Metrics(settings.metrics_dir)
+    experiments = load_experiments(settings)  # ExperimentError stops start-up (`dcmc serve` checks first)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tune_allocator()  # before the model's arrays are allocated
-        app.state.scorer = await run_in_threadpool(_load, settings, metrics)
+        app.state.scorer = await run_in_threadpool(_load, settings, metrics, None, experiments)
         reloader = Reloader(
             app.state,
             settings.artifacts,
             settings.reload_poll_s,
-            lambda path: _load(settings, metrics, path),
+            lambda path: _load(settings, metrics, path, experiments),
             lambda served: _rebuild(settings, metrics, served),
         )
         app.state.reloader = reloader
@@ -94,6 +99,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.experiments = experiments
+    app.state.results = ResultsCache()
     app.state.scorer = None
     # Routes match in this order: the most requested first (each miss costs a match per request).
     # The routes that take a body answer 413 to one over DCMC_MAX_BODY_BYTES before parsing it (by its
@@ -105,6 +112,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(similar.router)
     app.include_router(items.router)
     app.include_router(ratings.router, max_body_size=limit)
+    app.include_router(events.router, max_body_size=limit)
+    app.include_router(experiment_routes.router)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_middleware(FastPath, state=app.state)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # added last: outermost, so it counts both

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -78,6 +78,21 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.experiment_answers = Counter(
+            "dcmc_experiment_answers",
+            "/recommend answers given in an experiment, by experiment and variant (DCMC_EXPERIMENTS).",
+            ["experiment", "variant"],
+            registry=self.registry,
+        )
+        self.experiment_figures = Gauge(
+            "dcmc_experiment_figure",
+            "An experiment's figures as GET /experiments/{id}/results last computed them, by experiment, "
+            "variant, figure (click_through, hit_rate, ...; impressions, users) and part (value, low, high: "
+            "its 95% interval).",
+            ["experiment", "variant", "figure", "part"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
         self.stream_gaps = Counter(
             "dcmc_stream_gaps",
             "Times a compaction trimmed the rating stream past this worker's place (recovered: the compacted "
@@ -96,6 +111,19 @@ class Metrics:
             "Redis calls that failed (reads went on with the model as it was).",
             registry=self.registry,
         )
+
+    def observe_experiment(self, figures: dict[str, Any]) -> None:
+        """Set the experiment's gauges from its results (model.experiments.results)."""
+        experiment = figures["experiment"]
+        for variant, values in figures["variants"].items():
+            for name in ("users", "impressions"):
+                self.experiment_figures.labels(experiment, variant, name, "value").set(values[name])
+            for name, figure in values.items():
+                if not isinstance(figure, dict):
+                    continue
+                for part in ("value", "low", "high"):
+                    if figure.get(part) is not None:
+                        self.experiment_figures.labels(experiment, variant, name, part).set(figure[part])
 
     def exposition(self) -> bytes:
         """The text format of every metric (of every worker, in multi-process mode)."""

@@ -33,6 +33,7 @@ from redis.retry import Retry
 from model.stream import (
     Compacted,
     Entry,
+    Event,
     ItemEntry,
     Page,
     Poison,
@@ -51,6 +52,7 @@ from model.stream import (
     stream_order,
     text,
 )
+from service.impressions import impressions_key
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ class Read:
     """One read of the stream (`RatingLog.read`): the entries after an id, parsed, and the `Page` they came
     in (what was deleted and added at that instant)."""
 
-    entries: list[Entry | ItemEntry | Poison]
+    entries: list[Entry | ItemEntry | Event | Poison]
     page: Page
 
 
@@ -119,6 +121,7 @@ class RatingLog:
         self.key = stream_key(prefix)
         self.cluster = cluster_url(url)[1]
         self.dead_key = f"{self.key}:dead-letter"
+        self.impressions_key = impressions_key(prefix)
         self.client = _client(url, timeout_s)
         # Writes wait for an fsync: a socket timeout of their own (`write_timeout_s`).
         self.write_timeout_s = write_timeout_s or timeout_s
@@ -292,6 +295,12 @@ class RatingLog:
         removed = 0
         for start in range(0, len(copies), PURGE_CHUNK):
             removed += int(self.bulk_client.xdel(self.dead_key, *copies[start : start + PURGE_CHUNK]))
+        # What the user was shown (service/impressions.py): evaluation data that names them.
+        shown = [
+            i for i, fields in self._scan(self.impressions_key, "-", "+") if _field(fields, "user") == user
+        ]
+        for start in range(0, len(shown), PURGE_CHUNK):
+            self.bulk_client.xdel(self.impressions_key, *shown[start : start + PURGE_CHUNK])
         return deleted, removed
 
     def _scan(self, key: str, low: str, high: str) -> list[tuple[str, dict[Any, Any]]]:

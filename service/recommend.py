@@ -89,7 +89,8 @@ class Ranking:
     ((n_items,) bool: a filter's items, None for all), `strict` (False: fill a short list from outside
     the filter), `boost` ((n_items,): added to the ranking score), `min_rating` (no item predicted
     lower), `diversity` (in [0, 1]: `diversify`), `required` ((n_items,) bool: the only items allowed at
-    all, a deployment's default filter, past which a short list is not filled)."""
+    all, a deployment's default filter, past which a short list is not filled), `popular` (the popular
+    list whoever the user: an experiment's variant)."""
 
     selected: np.ndarray | None = None
     strict: bool = True
@@ -97,6 +98,7 @@ class Ranking:
     min_rating: float | None = None
     diversity: float = 0.0
     required: np.ndarray | None = None
+    popular: bool = False
 
 
 def recommend(
@@ -114,20 +116,24 @@ def recommend(
     rating (fallback), in `state` (default: now; `allow`, `exclude`: indices valid in it); `exact`: not
     from a cached row of an earlier state (`ServedModel.predict`).
 
-    Candidates are the items not rated, allowed, not excluded, not hidden (the catalogue's) and not
-    predicted under `ranking.min_rating`; only `ranking.selected` ones, and when fewer than k of those
-    pass and not `ranking.strict`, the list is filled with the best of the rest, `outside` (K,) bool
-    saying which; `ranking.diversity` re-ranks the best of each by `diversify`."""
+    Candidates are the items not rated, allowed, not excluded, not dismissed by the user, not hidden (the
+    catalogue's) and not predicted under `ranking.min_rating`; only `ranking.selected` ones, and when
+    fewer than k of those pass and not `ranking.strict`, the list is filled with the best of the rest,
+    `outside` (K,) bool saying which; `ranking.diversity` re-ranks the best of each by `diversify`."""
     state = state or scorer.state  # one model state for the whole answer
     try:
         user = scorer.user_index(user_id, state)
     except UnknownIdError:
         user = None
     rated = scorer.rated_items(user, state) if user is not None else np.empty(0, dtype=np.int64)
-    fallback = user is None or len(rated) == 0
+    fallback = user is None or len(rated) == 0 or ranking.popular
     n_items = state.known.n_items  # the artifact's items, then those first rated online
     mask = candidate_mask(n_items, rated, allow, exclude)
     mask &= scorer.catalogue_index(state).visible
+    dismissed = state.dismissed.get(user_id)
+    if dismissed:  # `dismiss` events: never again for this user
+        found = scorer.fold.item_indices(sorted(dismissed), state)
+        mask[found[found >= 0]] = False
     if ranking.required is not None:
         mask &= ranking.required[:n_items]
     if not mask.any():

@@ -44,7 +44,7 @@ import service.online
 from model.artifact import Artifact
 from model.catalogue import ItemChange
 from model.online import FoldIn, SnapshotError
-from model.stream import Compacted, Entry, ItemEntry, Page, Poison, stream_order
+from model.stream import DISMISS, FORGET, Compacted, Entry, Event, ItemEntry, Page, Poison, stream_order
 from service.metrics import Metrics
 from service.online import HeadUnreadable, RatingLog
 from service.settings import Settings
@@ -91,8 +91,8 @@ class Replica:
         snapshots: SnapshotStore,
         settings: Settings,
         metrics: Metrics,
-        check: Callable[[list[Entry | ItemEntry]], list[Poison]],
-        apply: Callable[[list[Entry | ItemEntry]], None],
+        check: Callable[[list[Entry | ItemEntry | Event]], list[Poison]],
+        apply: Callable[[list[Entry | ItemEntry | Event]], None],
     ) -> None:
         """`check(entries)` says which entries the model cannot take (as Poison); `apply(entries)` folds
         the others in, wholly or not at all (raises on failure: PASSING ones are retried)."""
@@ -315,7 +315,7 @@ class Replica:
                     break  # following: one fold-in per round (what arrived meanwhile waits for the next)
             self.phase, self.reason = Phase.FOLLOWING, "following"
 
-    def _fold(self, entries: list[Entry | ItemEntry | Poison]) -> None:
+    def _fold(self, entries: list[Entry | ItemEntry | Event | Poison]) -> None:
         """Fold entries that follow the last one applied in (the caller holds the lock): poison skipped,
         the rest as one batch; a batch that fails for a reason that passes raises (nothing applied), one
         that fails otherwise is applied one entry at a time, skipping only the entries that fail alone."""
@@ -434,12 +434,14 @@ class Replica:
 
     def _fold_head(self, head: Compacted) -> None:
         """Fold a compacted head's entries in, in batches of HEAD_CHUNK (its order kept: forgets, then
-        retractions, then ratings; then the catalogue changes)."""
+        retractions, then ratings; then the catalogue changes, then the dismissals)."""
         entries = head.entries()
         for start in range(0, len(entries), HEAD_CHUNK):
             self.fold.apply(entries[start : start + HEAD_CHUNK])
         for start in range(0, len(head.items), HEAD_CHUNK * 10):
             self.fold.apply([], head.items[start : start + HEAD_CHUNK * 10])
+        for start in range(0, len(head.dismissed), HEAD_CHUNK * 10):
+            self.fold.apply([], (), head.dismissed[start : start + HEAD_CHUNK * 10])
 
     def _place(self) -> None:
         """Before the first read: start from the newest fold-in snapshot of this model in Redis where
@@ -551,11 +553,22 @@ class Replica:
             log.warning("cannot store a fold-in snapshot now (%s); trying again later", exc)
 
 
-def entries_of(batch: Sequence[Entry | ItemEntry]) -> list[tuple[str, str, float | None]]:
+def entries_of(batch: Sequence[Entry | ItemEntry | Event]) -> list[tuple[str, str, float | None]]:
     """The ratings among stream entries as the (user, item, rating) triples `FoldIn.apply` takes."""
     return [(e.user, e.item, e.rating) for e in batch if isinstance(e, Entry)]
 
 
-def changes_of(batch: Sequence[Entry | ItemEntry]) -> list[tuple[str, ItemChange]]:
+def changes_of(batch: Sequence[Entry | ItemEntry | Event]) -> list[tuple[str, ItemChange]]:
     """The catalogue changes among stream entries as the (item, change) pairs `FoldIn.apply` takes."""
     return [(e.item, e.change) for e in batch if isinstance(e, ItemEntry)]
+
+
+def dismissals_of(batch: Sequence[Entry | ItemEntry | Event]) -> list[tuple[str, str]]:
+    """The dismissals (user, item) and the forgets (user, FORGET) among stream entries, in their order, as
+    `FoldIn.apply` takes them."""
+    return [
+        (e.user, e.item) if isinstance(e, Event) else (e.user, FORGET)
+        for e in batch
+        if (isinstance(e, Event) and e.kind == DISMISS)
+        or (isinstance(e, Entry) and e.item == FORGET and e.rating is None)
+    ]

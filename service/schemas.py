@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    StringConstraints,
+)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
-from model.stream import MAX_ID_LENGTH
+from model.stream import MAX_ID_LENGTH, REC_ID
 
 __all__ = ["MAX_ID_LENGTH"]  # the longest external id a request may carry (model/stream.py)
 
@@ -51,6 +58,9 @@ class _ExternalIdSchema:
 ExternalId = Annotated[str, _ExternalIdSchema()]
 """An external user or item id in a request body: a string, or an integer taken as its decimal string."""
 
+RecommendationId = Annotated[str, StringConstraints(strict=True, pattern=REC_ID.pattern)]
+"""A `recommendation_id` as answers carry it: 32 lowercase hex digits."""
+
 
 class PredictRequest(BaseModel):
     """Rating queries for one user."""
@@ -74,6 +84,12 @@ class PredictRequest(BaseModel):
         default=False,
         description="Also return which known ratings moved each prediction, by exactly how much "
         "(`exact` inference only; 422 otherwise). docs/explanations.md.",
+    )
+    track: bool = Field(
+        default=False,
+        description="Also answer with a `recommendation_id`, keep what was predicted in the impressions "
+        "stream (online accuracy: docs/experiments.md), and answer as the user's variant where the user is "
+        "in an A/B experiment whose variant has a model of its own.",
     )
 
 
@@ -150,6 +166,11 @@ class PredictResponse(BaseModel):
         "these answers; 0 = the artifact's model of the user."
     )
     predictions: list[Prediction]
+    recommendation_id: str | None = Field(
+        default=None, description="With `track`: this answer's id, to send back with the ratings that follow"
+    )
+    experiment: str | None = Field(default=None, description="With `track`: the user's A/B experiment")
+    variant: str | None = Field(default=None, description="With `track`: the user's variant in it")
 
 
 class SimilarUser(BaseModel):

@@ -28,14 +28,15 @@ from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState
 from model.ratings import Ratings
 from model.scorers import check_inference
-from model.stream import Entry, ItemEntry, Poison, entry_fields, item_fields, off_levels
+from model.stream import Entry, Event, ItemEntry, Poison, entry_fields, event_fields, item_fields, off_levels
 from model.types import Array
 from service.catalogue import CatalogueIndex, CatalogueView
+from service.experiments import Experiments, variant_models
 from service.impressions import Impressions, new_id
 from service.memory import release_memory
 from service.metrics import Metrics
 from service.online import Durability, NotDurable, RatingLog
-from service.replication import FoldInFailed, Replica, changes_of, entries_of
+from service.replication import FoldInFailed, Replica, changes_of, dismissals_of, entries_of
 from service.rows import UserParts, UserRow, UserRows
 from service.settings import Settings, inference_overrides
 from service.snapshot import SnapshotStore, fingerprint
@@ -130,8 +131,11 @@ require durability read them themselves, every time)."""
 class ServedModel:
     """Answers rating and similarity queries for one artifact, and takes ratings online."""
 
-    def __init__(self, artifact: Artifact, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, artifact: Artifact, settings: Settings, metrics: Metrics, experiments: Experiments | None = None
+    ) -> None:
         self.artifact = artifact
+        self.experiments = experiments
         self.version = artifact.model_version
         self.model_config = artifact.config
         # Every setting served (one, or several searches' averaged: `Artifact.averaged`), overrides applied.
@@ -214,6 +218,8 @@ class ServedModel:
                 ),
             }
         )
+        self.variants: dict[tuple[str, str], ServedModel] = {}
+        self.parent: ServedModel | None = None
         self.impressions: Impressions | None = None
         if settings.redis_url and settings.impressions_max:
             self.impressions = Impressions(
@@ -241,11 +247,22 @@ class ServedModel:
                 self.ratings, self.fold, artifact, snapshots, settings, metrics, self._check, self._apply
             )
             self.replica.on_recover = self.refresh_durability
+        # The models of experiments' variants that change the model (service/experiments.py): made, started
+        # and closed with this one, so a hot reload replaces them too.
+        try:
+            self.variants = variant_models(artifact, settings, metrics, experiments)
+        except Exception:
+            self.close()
+            raise
+        for variant in self.variants.values():
+            variant.parent = self  # its answers' impressions go through this model's writer
 
     # -- start-up and shutdown ---------------------------------------------------------------------------
     def start(self) -> None:
         """Place this model in the rating stream and catch up with it (one try now: `ready` says whether
         it succeeded), then follow it; service/replication.py."""
+        for variant in self.variants.values():
+            variant.start()
         if self.replica is None:
             return
         try:
@@ -258,7 +275,7 @@ class ServedModel:
     def ready(self) -> bool:
         """Whether this worker may take traffic (/ready): decided by its replica alone (without Redis:
         once loaded)."""
-        return self.replica is None or self.replica.ready
+        return (self.replica is None or self.replica.ready) and all(v.ready for v in self.variants.values())
 
     @property
     def needs_rebuild(self) -> str | None:
@@ -278,7 +295,9 @@ class ServedModel:
         return durability
 
     def close(self) -> None:
-        """Stop following the stream and release Redis connections."""
+        """Stop following the stream and release Redis connections (the variants' models' too)."""
+        for variant in getattr(self, "variants", {}).values():
+            variant.close()
         if self.replica is not None:
             self.replica.stop()
         if self.ratings is not None:
@@ -356,31 +375,35 @@ class ServedModel:
         with self._pending_lock:
             return user in self._pending_users
 
-    def _check(self, entries: list[Entry | ItemEntry]) -> list[Poison]:
+    def _check(self, entries: list[Entry | ItemEntry | Event]) -> list[Poison]:
         """The entries this model cannot fold in: a rating that is not one of its levels."""
         return off_levels([e for e in entries if isinstance(e, Entry)], self.levels)
 
-    def _apply(self, entries: list[Entry | ItemEntry]) -> None:
+    def _apply(self, entries: list[Entry | ItemEntry | Event]) -> None:
         """Fold stream entries into the model (the replica calls it, in stream order), wholly or not at
         all, and index the catalogue they leave (before a request needs it); also reads Redis's
         persistence settings again every DURABILITY_REFRESH_S."""
         # No engine lock: requests go on with the state they took while the next one is built.
         ratings = entries_of(entries)
-        self.fold.apply(ratings, changes_of(entries))
+        self.fold.apply(ratings, changes_of(entries), dismissals_of(entries))
         self.catalogue_index()
         if ratings:
             release_memory()
         if time.monotonic() - self._durability_checked >= DURABILITY_REFRESH_S:
             self.refresh_durability()
 
-    def write(self, ratings: Sequence[tuple[str, str, float | None]]) -> str:
+    def write(
+        self, ratings: Sequence[tuple[str, str, float | None]], recs: Sequence[str | None] | None = None
+    ) -> str:
         """Store a batch of (user, item, rating) durably in Redis (one transaction); returns the stream id
         of its last rating. Every worker's replica then folds it in (service/consistency.py). With
         DCMC_REQUIRE_DURABLE, Redis's persistence settings are read before every write (NotDurable:
         nothing stored); with DCMC_REDIS_WAIT_REPLICAS the answer waits for that many replicas. Raises
         redis.RedisError (service.online.stored_unknown says whether it may have been stored),
-        NotDurable, or RuntimeError when online ratings are off."""
-        last = self._store([entry_fields(*r) for r in ratings])
+        NotDurable, or RuntimeError when online ratings are off. `recs`: per rating, the recommendation
+        id it answers (or None)."""
+        recs = recs or [None] * len(ratings)
+        last = self._store([entry_fields(*r, rec) for r, rec in zip(ratings, recs, strict=True)])
         self.metrics.ratings_written.inc(len(ratings))
         return last  # the replica folds it in behind the answer (reads wait for it with `after`)
 
@@ -388,6 +411,11 @@ class ServedModel:
         """Store a batch of catalogue changes (item id, change) as `write` stores ratings: in the same
         stream, acknowledged once stored, folded in by every worker; returns the last one's stream id."""
         return self._store([item_fields(item, change) for item, change in changes])
+
+    def write_events(self, events: Sequence[tuple[str, str, str, str | None]]) -> str:
+        """Store a batch of events (user, item, kind, recommendation id or None) as `write` stores ratings:
+        in the same stream, acknowledged once stored; returns the last one's stream id."""
+        return self._store([event_fields(*e) for e in events])
 
     def _store(self, entries: list[dict[str, str]]) -> str:
         """Append stream entries as one transaction (`write`)."""
@@ -431,13 +459,28 @@ class ServedModel:
         """The external id of an item index."""
         return self.fold.item_id(index)
 
-    def shown(self, route: str, subject: str, items: Sequence[str], scores: Sequence[float]) -> str:
-        """A new recommendation id for an answer that shows `items`, its impression queued
-        (service/impressions.py; nothing without Redis)."""
-        recommendation_id = new_id()
+    def shown(
+        self,
+        route: str,
+        subject: dict[str, str],
+        items: Sequence[str],
+        scores: Sequence[float],
+        more: dict[str, Any] | None = None,
+        recommendation_id: str | None = None,
+    ) -> str:
+        """A new recommendation id for an answer that shows `items` (to `subject`: {"user": id} or
+        {"item": id}), its impression queued with `more` (experiment, variant, teams, distributions;
+        service/impressions.py; nothing without Redis)."""
+        if self.parent is not None:
+            return self.parent.shown(route, subject, items, scores, more, recommendation_id)
+        recommendation_id = recommendation_id or new_id()
         if self.impressions is not None:
-            self.impressions.record(route, subject, items, scores, self.version, recommendation_id)
+            self.impressions.record(route, subject, items, scores, self.version, recommendation_id, more)
         return recommendation_id
+
+    def variant_model(self, experiment: str, variant: str) -> ServedModel:
+        """The model that answers for a variant: its own where it changes the model, else this one."""
+        return self.variants.get((experiment, variant), self)
 
     @property
     def temperature(self) -> float:

@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     impressions_max: int = Field(default=100_000, ge=0)
     """Entries the impressions stream `<prefix>:impressions` keeps, about (service/impressions.py); 0 = no
     impressions written (answers still carry a `recommendation_id`)."""
+    experiments: Path | None = None
+    """An experiments file (TOML, model/experiments.py; docker/experiments.toml is an example): the
+    experiments /recommend takes part in. A file that cannot be read stops start-up, saying why."""
     max_item_changes: PositiveInt = 1000
     """Largest `items` batch accepted by POST /items (catalogue changes)."""
     explain_k: PositiveInt = 5

@@ -191,6 +191,39 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_experiment_report(args: argparse.Namespace) -> int:
+    import redis
+
+    from model.artifact import read_config
+    from model.experiments import read_experiments, read_streams, report_table, results
+    from model.stream import connect, redact_url
+    from training.data import DataError
+
+    if not args.experiments:
+        raise DataError("give the experiments file (--experiments, or DCMC_EXPERIMENTS)")
+    specs = {e.id: e for e in read_experiments(args.experiments)}
+    if args.id not in specs:
+        raise DataError(
+            f"no experiment {args.id!r} in {args.experiments} (it has: {', '.join(specs) or 'none'})"
+        )
+    if not args.artifacts:
+        raise DataError("give the served artifact (--artifacts, or DCMC_ARTIFACTS): its levels and items")
+    model_config, _ = read_config(args.artifacts)
+    url = args.redis or os.environ.get("REDIS_URL")
+    if not url:
+        raise DataError("give the Redis URL (--redis URL, or REDIS_URL)")
+    client = connect(url, socket_timeout=30, socket_connect_timeout=10)
+    try:
+        impressions, feedback = read_streams(client, args.prefix)
+    except redis.RedisError as exc:
+        raise DataError(f"cannot read the streams from {redact_url(url)}: {exc}") from None
+    finally:
+        client.close()
+    figures = results(specs[args.id], impressions, feedback, list(model_config.levels), model_config.n_items)
+    print(json.dumps(figures, indent=2) if args.json else report_table(figures))
+    return 0
+
+
 def _cmd_synth(args: argparse.Namespace) -> int:
     import time
 
@@ -527,6 +560,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     x.set_defaults(func=_cmd_explain)
 
+    ex = sub.add_parser("experiment", help="experiments on live traffic (DCMC_EXPERIMENTS)")
+    exsub = ex.add_subparsers(dest="experiment_command", required=True)
+    rep = exsub.add_parser(
+        "report",
+        help="an experiment's results computed from the service's Redis streams: the figures GET "
+        "/experiments/{id}/results shows",
+    )
+    rep.add_argument("id", help="the experiment's id")
+    rep.add_argument(
+        "--experiments",
+        default=os.environ.get("DCMC_EXPERIMENTS"),
+        help="the experiments file (default: DCMC_EXPERIMENTS)",
+    )
+    rep.add_argument(
+        "--artifacts",
+        default=os.environ.get("DCMC_ARTIFACTS"),
+        help="the served artifact (its rating levels and item count; default: DCMC_ARTIFACTS)",
+    )
+    rep.add_argument(
+        "--redis",
+        default=None,
+        metavar="REDIS_URL",
+        help="the service's Redis (default: the environment variable REDIS_URL)",
+    )
+    rep.add_argument(
+        "--prefix",
+        default=os.environ.get("DCMC_REDIS_KEY_PREFIX", "dcmc"),
+        help="the service's DCMC_REDIS_KEY_PREFIX (default dcmc)",
+    )
+    rep.add_argument("--json", action="store_true", help="the JSON GET /experiments/{id}/results answers")
+    rep.set_defaults(func=_cmd_experiment_report)
+
     d = sub.add_parser("data", help="dataset utilities")
     dsub = d.add_subparsers(dest="data_command", required=True)
     dl = dsub.add_parser("download", help="download a public dataset and verify its sha256")
@@ -573,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.catalogue import CatalogueError
     from model.config import ConfigError
     from model.exact.explain import CannotExplain
+    from model.experiments import ExperimentError
     from model.ids import UnknownIdError
     from training.data import DataError
     from training.errors import ExportError, TrainingError
@@ -588,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         ExportError,
         CannotExplain,
         CatalogueError,
+        ExperimentError,
     ) as exc:
         print(f"dcmc {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -123,6 +123,7 @@ def _compact(
         online.retracted,
         online.forgotten,
         online.item_changes,
+        online.dismissed,
     )
     if not int(client.eval(SWAP_HEAD, 1, compacted_key(key), digest, head.to_json())):
         raise DataError(
@@ -145,6 +146,7 @@ def _compact(
         "retracted": len(head.retracted),
         "forgotten": len(head.forgotten),
         "item_changes": len(head.items),
+        "dismissed": len(head.dismissed),
         "trimmed": trimmed,
         "dead_letters_purged": purged,
     }

@@ -35,9 +35,11 @@ import numpy as np
 
 from model.catalogue import ItemChange, ItemRecord
 from model.stream import (
+    DISMISS,
     FORGET,
     Compacted,
     Entry,
+    Event,
     ItemEntry,
     compacted_key,
     connect,
@@ -85,6 +87,9 @@ class OnlineRatings:
     item_changes: tuple[tuple[str, ItemChange], ...] = ()
     """Each item's catalogue changes (PUT/PATCH /items), composed into one, in the order of the items'
     first change."""
+    dismissed: tuple[tuple[str, str], ...] = ()
+    """(user, item) pairs dismissed (POST /events `dismiss`) since the user was last forgotten (other
+    events are evaluation data: not read into training)."""
 
 
 def stream_client(url: str, timeout_s: float) -> Any:
@@ -148,6 +153,7 @@ def _read_once(
     forgotten: dict[str, None] = {}
     rated_since: set[str] = set()  # forgotten users with a rating after their last forget: known again
     changes: dict[str, ItemChange] = {}  # item -> its catalogue changes so far, composed
+    dismissed: dict[tuple[str, str], None] = {}
     last, count, skipped = "0", 0, 0
     raw: Any = client.get(identity_key(key))
     identity = text(raw) if raw is not None else None
@@ -162,8 +168,10 @@ def _read_once(
         forgotten = dict.fromkeys(head.forgotten)
         rated_since = {u for u, _ in latest if u in forgotten}
         changes = dict(head.items)
+        dismissed = dict.fromkeys(head.dismissed)
         last = head.last
         count = len(head.ratings) + len(head.retracted) + len(head.forgotten) + len(head.items)
+        count += len(head.dismissed)
     while True:
         page = read_page(client, key, last, PAGE, up_to or "+")
         if head_last(client, key) != started:
@@ -179,7 +187,7 @@ def _read_once(
         if not page.entries:
             break
         parsed = [parse_entry(i, f) for i, f in page.entries]
-        entries = [e for e in parsed if isinstance(e, Entry)]
+        entries = [e for e in parsed if isinstance(e, Entry | Event)]
         for change in (e for e in parsed if isinstance(e, ItemEntry)):
             held = changes.get(change.item)
             try:
@@ -188,15 +196,21 @@ def _read_once(
                 log.warning("skipping the catalogue change %s of item %r: %s", change.id, change.item, exc)
                 skipped += 1
         catalogue = sum(1 for e in parsed if isinstance(e, ItemEntry))
-        refused = {p.id for p in off_levels(entries, levels)} if levels is not None else set()
+        ratings = [e for e in entries if isinstance(e, Entry)]
+        refused = {p.id for p in off_levels(ratings, levels)} if levels is not None else set()
         skipped += len(parsed) - len(entries) - catalogue + len(refused)
         for entry in entries:
             if entry.id in refused:
+                continue
+            if isinstance(entry, Event):
+                if entry.kind == DISMISS:
+                    dismissed[(entry.user, entry.item)] = None
                 continue
             if entry.item == FORGET and entry.rating is None:  # every earlier rating of the user is gone
                 gone = entry.user
                 latest = {p: v for p, v in latest.items() if p[0] != gone}
                 retracted = {p: None for p in retracted if p[0] != gone}
+                dismissed = {p: None for p in dismissed if p[0] != gone}
                 forgotten[gone] = None
                 rated_since.discard(gone)
                 continue
@@ -226,6 +240,7 @@ def _read_once(
         skipped=skipped,
         forgotten_now=tuple(u for u in forgotten if u not in rated_since),
         item_changes=tuple(changes.items()),
+        dismissed=tuple(dismissed),
     )
 
 

@@ -51,6 +51,13 @@ async def predict(
     """
     scorer, settings = scorer_of(request), request.app.state.settings
     require_read(settings, authorization)
+    tracked: dict[str, str] | None = None
+    if body.track:
+        tracked = {}
+        assignment = scorer.experiments.assigned(body.user) if scorer.experiments is not None else None
+        if assignment is not None and assignment.experiment.method == "ab":
+            tracked = {"experiment": assignment.experiment.id, "variant": assignment.variant}
+            scorer = scorer.variant_model(assignment.experiment.id, assignment.variant)
     if body.explain and len(body.items) > settings.max_explain_items:
         raise too_long(
             "items", len(body.items), settings.max_explain_items, "DCMC_MAX_EXPLAIN_ITEMS", "ids to explain"
@@ -66,6 +73,7 @@ async def predict(
         body.explain,
         after is not None,
         reveal,
+        tracked,
     )
     if scorer.blocking or body.explain:  # tens of ms of numpy: keep the event loop free
         payload = await run_in_threadpool(answer, *args)
@@ -83,10 +91,12 @@ def answer(
     explain: bool = False,
     exact: bool = False,
     reveal: bool = False,
+    tracked: dict[str, str] | None = None,
 ) -> bytes:
     """The JSON of POST /predict's 200 for a parsed body (`PredictRequest`'s fields); HTTPException for an
     oversized request (422) or unknown ids (404, all listed). The route and its fast path
-    (service/fastpath.py) both answer with it."""
+    (service/fastpath.py) both answer with it. `tracked` (asked with `track`: {} or the experiment and
+    variant): the answer gets a recommendation id, and its impression is queued with the distributions."""
     if len(items) > settings.max_items:
         raise too_long("items", len(items), settings.max_items, "DCMC_MAX_ITEMS", "ids")
     state = scorer.state  # every part of the answer from this one model state
@@ -103,12 +113,15 @@ def answer(
     if user_idx is None or items_idx is None:
         raise unknown_ids(*unknown)
     # Explained, or read after a write (`after`): of the newest state, not from an earlier state's row.
-    ratings, dist, fallback = scorer.predict(user_idx, items_idx, distribution, state, exact or explain)
+    ratings, dist, fallback = scorer.predict(
+        user_idx, items_idx, distribution or tracked is not None, state, exact or explain
+    )
+    if dist is not None:
+        dist = tempered(dist, scorer.temperature)  # calibrated on validation ratings; `rating` is untempered
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.
     if distribution:
         assert dist is not None
-        dist = tempered(dist, scorer.temperature)  # calibrated on validation ratings; `rating` is untempered
         predictions = [
             {"item": item, "rating": r, "distribution": d}
             for item, r, d in zip(items, ratings.tolist(), dist.tolist(), strict=True)
@@ -131,4 +144,9 @@ def answer(
         "online_ratings": scorer.online_count(user_idx, state),
         "predictions": predictions,
     }
+    if tracked is not None:
+        assert dist is not None
+        more: dict[str, object] = {**tracked, "dists": np.round(dist, 6).tolist()}
+        payload.update(tracked)
+        payload["recommendation_id"] = scorer.shown("/predict", {"user": user}, items, ratings.tolist(), more)
     return orjson.dumps(payload)

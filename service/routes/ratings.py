@@ -20,7 +20,7 @@ from service.consistency import After, until_applied, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import too_long, unknown_ids
 from service.online import NotDurable, stored_unknown
-from service.schemas import MAX_ID_LENGTH, ExternalId
+from service.schemas import MAX_ID_LENGTH, ExternalId, RecommendationId
 from service.scoring import Reservation, ServedModel, TooManyNewIds
 from service.settings import Settings
 
@@ -37,6 +37,9 @@ class RatingIn(BaseModel):
     user: ExternalId
     item: ExternalId
     rating: float = Field(allow_inf_nan=False)
+    recommendation_id: RecommendationId | None = Field(
+        default=None, description="The answer this rating follows (its `recommendation_id`): for evaluation"
+    )
 
 
 class Rating(Protocol):
@@ -45,6 +48,7 @@ class Rating(Protocol):
     user: str
     item: str
     rating: float
+    recommendation_id: str | None
 
 
 class RatingsRequest(BaseModel):
@@ -129,7 +133,11 @@ async def store(
         raise HTTPException(status_code=422, detail=off)
     reservation = _admit(scorer, ratings)
     batch = [(r.user, r.item, _snap(r.rating, levels)) for r in ratings]
-    last = await _write(scorer, batch, reservation)
+    recs = [r.recommendation_id for r in ratings]
+    if any(rec is not None for rec in recs):
+        last = await write_entries(scorer, lambda: scorer.write(batch, recs), reservation)
+    else:
+        last = await _write(scorer, batch, reservation)
     return RatingsResponse(accepted=len(batch), last_id=last, model_version=scorer.version)
 
 
@@ -331,7 +339,11 @@ async def forget_user(
     _authorize(settings, authorization)
 
     def unknown() -> list[UnknownIdError]:
-        known = scorer.fold.user_index(user) is not None or scorer.pending_user(user)
+        known = (
+            scorer.fold.user_index(user) is not None
+            or scorer.pending_user(user)
+            or user in scorer.state.dismissed
+        )
         return [] if known else [UnknownIdError("user", [user])]
 
     missing = await _caught_up_unknown(scorer, settings, unknown)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -11,14 +11,18 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Resp
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
+from model.calibration import tempered
 from model.exact.explain import CannotExplain
+from model.experiments import team_draft
 from model.ids import UnknownIdError
 from model.online import OnlineState
 from service.auth import holds_write_token, require_read
-from service.catalogue import Boost, Filter, check_shape, short_filter
+from service.catalogue import Boost, Filter, both, check_shape, short_filter
 from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import invalid, unknown_ids
+from service.experiments import RankingOptions
+from service.impressions import new_id
 from service.recommend import POPULAR_REASON, POPULAR_SHRINKAGE, Ranking, recommend, split_ids
 from service.schemas import MAX_ID_LENGTH, Explanation
 from service.scoring import ServedModel
@@ -66,7 +70,14 @@ class RecommendResponse(BaseModel):
     recommendations: list[Recommendation]
     recommendation_id: str = Field(
         description="This answer's id (32 hex digits): what it showed is kept in the impressions stream "
-        "(service/impressions.py)."
+        "(service/impressions.py). Send it back with the ratings and events that follow the answer."
+    )
+    experiment: str | None = Field(
+        default=None, description="The experiment the user takes part in (DCMC_EXPERIMENTS), if any"
+    )
+    variant: str | None = Field(
+        default=None,
+        description="The user's variant in it; `interleaved` where both variants' lists are merged",
     )
 
 
@@ -274,10 +285,12 @@ async def _recommend(
         listed = await run_in_threadpool(ranked, scorer, settings, q, exact)
     else:
         listed = ranked(scorer, settings, q, exact)
-    payload, state, best, fallback = listed
+    payload, used = listed
     if q.explain:  # off the event loop: tens of milliseconds
         reveal = holds_write_token(settings, authorization)
-        whys = await run_in_threadpool(_explanations, scorer, state, q.user, best, fallback, reveal, q.loc)
+        whys = await run_in_threadpool(
+            _explanations, used.model, used.state, q.user, used.best, used.fallback, reveal, q.loc
+        )
         for rec, why in zip(payload["recommendations"], whys, strict=True):
             rec["explanation"] = why
     return Response(orjson.dumps(payload), media_type="application/json")
@@ -291,11 +304,119 @@ def plain(scorer: ServedModel, settings: Settings, user: str, k: int, chosen: Fi
     return orjson.dumps(ranked(scorer, settings, asked, False)[0])
 
 
-def ranked(
-    scorer: ServedModel, settings: Settings, q: Asked, exact: bool
-) -> tuple[dict[str, Any], OnlineState, np.ndarray, bool]:
-    """The answer's JSON object (without explanations), and the state, the items and whether it is the
-    popular list (for the explanations); HTTPException for unknown ids and bad filters."""
+@dataclass(frozen=True)
+class Listed:
+    """One model's list: the answer's JSON object (without its id), the model and state it came from,
+    the items (indices in that state), their scores, and whether it is the popular list."""
+
+    payload: dict[str, Any]
+    model: ServedModel
+    state: OnlineState
+    best: np.ndarray
+    scores: np.ndarray
+    fallback: bool
+
+
+def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tuple[dict[str, Any], Listed]:
+    """The answer's JSON object (without explanations) and the list behind it (for the explanations);
+    HTTPException for unknown ids and bad filters. A user in an experiment (service/experiments.py) gets
+    their variant's list, or both variants' interleaved; the answer says which."""
+    assignment = scorer.experiments.assigned(q.user) if scorer.experiments is not None else None
+    if assignment is None:
+        listed = _listed(scorer, settings, q, exact)
+        items = [scorer.item_id(int(i)) for i in listed.best]
+        listed.payload["recommendation_id"] = scorer.shown(
+            "/recommend", {"user": q.user}, items, listed.scores.tolist()
+        )
+        return listed.payload, listed
+    experiment = assignment.experiment
+    assert scorer.experiments is not None
+    scorer.metrics.experiment_answers.labels(experiment.id, assignment.variant).inc()
+    if experiment.method == "ab":
+        options = scorer.experiments.ranking[(experiment.id, assignment.variant)]
+        model = scorer.variant_model(experiment.id, assignment.variant)
+        listed = _listed(model, settings, _with(q, options), exact, options.popular)
+        items = [model.item_id(int(i)) for i in listed.best]
+        more: dict[str, Any] = {
+            "experiment": experiment.id,
+            "variant": assignment.variant,
+            "dists": _dists(q.user, listed),
+        }
+        payload = {**listed.payload, "experiment": experiment.id, "variant": assignment.variant}
+        payload["recommendation_id"] = scorer.shown(
+            "/recommend", {"user": q.user}, items, listed.scores.tolist(), more
+        )
+        return payload, listed
+    # Interleaved: each variant's list, merged by team draft (model/experiments.py).
+    lists = []
+    for variant in experiment.variants:
+        options = scorer.experiments.ranking[(experiment.id, variant.name)]
+        model = scorer.variant_model(experiment.id, variant.name)
+        lists.append(_listed(model, settings, _with(q, options), exact, options.popular))
+    ids = [[one.model.item_id(int(i)) for i in one.best] for one in lists]
+    recommendation_id = new_id()
+    items, teams = team_draft(ids[0], ids[1], q.k, recommendation_id)
+    entries: list[dict[str, tuple[dict[str, Any], float, list[float] | None]]] = []
+    for one in lists:
+        served = _dists(q.user, one)
+        dists: list[list[float] | None] = list(served) if served is not None else [None] * len(one.best)
+        recs, scores = one.payload["recommendations"], one.scores.tolist()
+        entries.append({rec["item"]: (rec, s, d) for rec, s, d in zip(recs, scores, dists, strict=True)})
+    chosen = [entries[team][item] for item, team in zip(items, teams, strict=True)]
+    control = lists[0]
+    payload = {
+        **control.payload,
+        "recommendations": [rec for rec, _, _ in chosen],
+        "experiment": experiment.id,
+        "variant": assignment.variant,
+    }
+    if not all(one.fallback for one in lists):
+        payload.pop("fallback", None)
+    more = {
+        "experiment": experiment.id,
+        "variant": assignment.variant,
+        "teams": [experiment.variants[team].name for team in teams],
+        "dists": [dist for _, _, dist in chosen],
+    }
+    payload["recommendation_id"] = scorer.shown(
+        "/recommend", {"user": q.user}, items, [score for _, score, _ in chosen], more, recommendation_id
+    )
+    try:  # the control's model explains an interleaved list
+        best = control.model.item_indices(items, control.state) if items else control.best[:0]
+    except UnknownIdError:
+        if q.explain:
+            msg = "this interleaved list holds items the control variant's model does not know"
+            raise invalid([*q.loc, "explain"], "cannot_explain", msg) from None
+        best = control.best[:0]
+    return payload, Listed(payload, control.model, control.state, best, control.scores, control.fallback)
+
+
+def _with(q: Asked, options: RankingOptions) -> Asked:
+    """The query with a variant's ranking options: the request's own values win, the variant's filter
+    holds besides the request's and its boosts add to them."""
+    return replace(
+        q,
+        filter=both(q.filter, options.filter),
+        boosts=[*q.boosts, *options.boosts],
+        min_rating=q.min_rating if q.min_rating is not None else options.min_rating,
+        diversity=q.diversity if q.diversity is not None else options.diversity,
+    )
+
+
+def _dists(user: str, listed: Listed) -> list[list[float]] | None:
+    """The served distributions of a list's items (calibrated as /predict serves them, rounded to 6
+    places), None for the popular list."""
+    if listed.fallback or not len(listed.best):
+        return None
+    model = listed.model
+    index = model.user_index(user, listed.state)
+    _, dists, _ = model.predict(index, listed.best, True, listed.state)
+    assert dists is not None
+    return np.round(tempered(dists, model.temperature), 6).tolist()  # type: ignore[no-any-return]
+
+
+def _listed(scorer: ServedModel, settings: Settings, q: Asked, exact: bool, popular: bool = False) -> Listed:
+    """One model's list for the query (`ranked`)."""
     try:
         scorer.item_indices((q.allow or []) + (q.exclude or []))  # one 404 listing every unknown id
     except UnknownIdError as exc:
@@ -327,7 +448,7 @@ def ranked(
         boost += rule.amount * holds
         boosted.append((rule.name, holds))
     diversity = scorer.diversity if q.diversity is None else q.diversity
-    ranking = Ranking(selected, q.strict, boost, q.min_rating, diversity, required)
+    ranking = Ranking(selected, q.strict, boost, q.min_rating, diversity, required, popular)
     best, scores, fallback, outside = recommend(scorer, q.user, q.k, allow, excluded, state, exact, ranking)
     # Serialised by the caller rather than through RecommendResponse (which documents the shape in
     # OpenAPI), as POST /predict does.
@@ -358,9 +479,7 @@ def ranked(
             if amount:
                 rec["boost"] = amount
     payload["recommendations"] = recommendations
-    shown_items = [scorer.item_id(int(i)) for i in best]
-    payload["recommendation_id"] = scorer.shown("/recommend", q.user, shown_items, scores.tolist())
-    return payload, state, best, fallback
+    return Listed(payload, scorer, state, best, scores, fallback)
 
 
 def _explanations(

@@ -113,7 +113,9 @@ async def similar_items(
     similar = [
         SimilarItem(item=scorer.item_id(int(i)), score=float(s)) for i, s in zip(found, scores, strict=True)
     ]
-    shown = scorer.shown("/similar-items", item_id, [s.item for s in similar], [s.score for s in similar])
+    shown = scorer.shown(
+        "/similar-items", {"item": item_id}, [s.item for s in similar], [s.score for s in similar]
+    )
     return SimilarItemsResponse(
         item=item_id,
         model_version=scorer.version,

@@ -50,12 +50,12 @@ def test_every_list_carries_an_id_and_its_impression_reaches_the_stream(
         got = {e["id"]: e for e in _entries(client, 3)}
         assert set(got) == set(ids)
         for answer, route, subject, key, score in (
-            (answers[0], "/recommend", "u1", "recommendations", "rating"),
-            (answers[1], "/recommend", "u2", "recommendations", "rating"),
-            (answers[2], "/similar-items", "i3", "similar", "score"),
+            (answers[0], "/recommend", ("user", "u1"), "recommendations", "rating"),
+            (answers[1], "/recommend", ("user", "u2"), "recommendations", "rating"),
+            (answers[2], "/similar-items", ("item", "i3"), "similar", "score"),
         ):
             shown = got[answer["recommendation_id"]]
-            assert (shown["route"], shown["subject"]) == (route, subject)
+            assert (shown["route"], shown[subject[0]]) == (route, subject[1])
             assert json.loads(shown["items"]) == [r["item"] for r in answer[key]]
             assert json.loads(shown["scores"]) == [r[score] for r in answer[key]]
             assert shown["model_version"] == answer["model_version"]

@@ -244,6 +244,8 @@ def test_exact_mode_ranking_and_openapi(exact_api: App, artifact: Artifact) -> N
         "filter_notes",
         "recommendations",
         "recommendation_id",
+        "experiment",
+        "variant",
     }
 
 
