@@ -63,17 +63,37 @@ def test_every_list_carries_an_id_and_its_impression_reaches_the_stream(
     client.close()
 
 
+AB = """
+[[experiment]]
+id = "ab"
+salt = "s"
+[[experiment.variant]]
+name = "exact"
+[[experiment.variant]]
+name = "base"
+inference = { "mode" = "none" }
+"""
+
+
+@pytest.mark.parametrize("experiment", [False, True], ids=["plain", "in-an-experiment"])
 def test_with_redis_stalled_the_answers_go_on_and_impressions_are_dropped_and_counted(
-    tiny_artifact: Path, redis_server: RedisServer
+    tiny_artifact: Path, redis_server: RedisServer, tmp_path: Path, experiment: bool
 ) -> None:
     assert redis_server.proc is not None
-    with App(tiny_artifact, redis_url=redis_server.url, redis_timeout_s=0.2) as api:
+    more: dict[str, Any] = {}
+    if experiment:  # two models following the stalled Redis, impressions with distributions
+        (tmp_path / "experiments.toml").write_text(AB)
+        more["experiments"] = tmp_path / "experiments.toml"
+    with App(tiny_artifact, redis_url=redis_server.url, redis_timeout_s=1.0, **more) as api:
         assert api.client.get("/recommend/u1").status_code == 200
         os.kill(redis_server.proc.pid, signal.SIGSTOP)  # Redis stalls: it takes connections, answers nothing
         try:
             for n in range(20):
+                began = time.monotonic()
                 r = api.client.get(f"/recommend/u{n}", params={"k": 5})
                 assert r.status_code == 200 and len(r.json()["recommendation_id"]) == 32
+                assert time.monotonic() - began < 0.5  # never waits for Redis (its timeout is 1 s)
+                assert ("experiment" in r.json()) == experiment
             deadline = time.monotonic() + 10
             while api.metric("dcmc_impressions_total", outcome="dropped") < 1:
                 assert time.monotonic() < deadline, "no impression counted as dropped"
