@@ -33,7 +33,7 @@ one unit: each figure is a ratio of per-user sums, its standard error by the del
 differences are against the control, with independent groups' errors combined. An interleaved
 experiment also reports per team what its items earned, and `preference`: over users, the share whose
 clicks and hits went more to the second variant's items minus the share for the first's, with its
-interval.
+normal interval, and `significant` by the exact sign test over the users with a preference (`p_value`).
 """
 
 from __future__ import annotations
@@ -379,7 +379,7 @@ def _rmse(mse: dict[str, Any]) -> dict[str, Any]:
     return _interval(value, se, mse["n"])
 
 
-def _difference(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def difference(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """b - a with the two errors combined (independent groups); `significant`: the interval excludes 0."""
     if a["value"] is None or b["value"] is None or a["se"] is None or b["se"] is None:
         return {"value": None, "low": None, "high": None, "significant": False}
@@ -387,6 +387,15 @@ def _difference(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     se = math.sqrt(a["se"] ** 2 + b["se"] ** 2)
     low, high = value - Z95 * se, value + Z95 * se
     return {"value": value, "low": low, "high": high, "significant": bool(low > 0 or high < 0)}
+
+
+def sign_test(a: int, b: int) -> float:
+    """The two-sided p-value of the exact sign test of a wins against b (ties left out)."""
+    n = a + b
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(a, b) + 1)) / 2.0**n
+    return min(1.0, 2.0 * tail)
 
 
 def _coverage_samples(group: _Users, seed: int) -> np.ndarray:
@@ -409,10 +418,13 @@ def _coverage_samples(group: _Users, seed: int) -> np.ndarray:
 def _figures(group: _Users, n_items: int, coverage: np.ndarray) -> dict[str, Any]:
     shown = len({i for s in group.shown.values() for i in s})
     spread = len(group.shown) > 1  # one user's resamples are all alike: no interval
+    # A resample repeats some users and drops others, so it shows fewer distinct items than the sample:
+    # the interval is the resamples' spread about their mean, placed about the observed share.
+    centre = float(coverage.mean())
     cover = {
         "value": shown / n_items,
-        "low": float(np.percentile(coverage, 2.5)) / n_items if spread else None,
-        "high": float(np.percentile(coverage, 97.5)) / n_items if spread else None,
+        "low": (shown - (centre - float(np.percentile(coverage, 2.5)))) / n_items if spread else None,
+        "high": (shown + (float(np.percentile(coverage, 97.5)) - centre)) / n_items if spread else None,
         "se": float(coverage.std(ddof=1)) / n_items if spread else None,
         "n": shown,
     }
@@ -547,13 +559,16 @@ def results(
         "differences": {},
     }
     for name in names[1:]:
-        diffs = {m: _difference(control[m], figures[name][m]) for m in METRICS if m != "coverage"}
+        diffs = {m: difference(control[m], figures[name][m]) for m in METRICS if m != "coverage"}
         diffs["coverage"] = {"value": None, "low": None, "high": None, "significant": False}
         if figures[name]["coverage"]["low"] is not None and control["coverage"]["low"] is not None:
             spread = (samples[name] - samples[spec.control]) / n_items
-            low, high = float(np.percentile(spread, 2.5)), float(np.percentile(spread, 97.5))
+            value = figures[name]["coverage"]["value"] - control["coverage"]["value"]
+            centre = float(spread.mean())
+            low = value - (centre - float(np.percentile(spread, 2.5)))
+            high = value + (float(np.percentile(spread, 97.5)) - centre)
             diffs["coverage"] = {
-                "value": figures[name]["coverage"]["value"] - control["coverage"]["value"],
+                "value": value,
                 "low": low,
                 "high": high,
                 "significant": bool(low > 0 or high < 0),
@@ -568,8 +583,10 @@ def results(
         pref: dict[str, Any] = (
             _interval(value, se, n) if value is not None else {"value": None, "low": None, "high": None}
         )
-        low, high = pref["low"], pref["high"]
-        pref["significant"] = bool(low is not None and high is not None and (low > 0 or high < 0))
+        # Significance by the exact two-sided sign test over the users with a preference (the normal
+        # interval is too narrow when few users have one).
+        pref["p_value"] = sign_test(wins[names[0]], wins[names[1]])
+        pref["significant"] = bool(pref["p_value"] < 0.05)
         out["interleaving"] = {"users": n, "wins": wins, "ties": n - sum(wins.values()), "preference": pref}
     return out
 
