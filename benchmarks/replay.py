@@ -183,14 +183,13 @@ def ab_power(
 ) -> dict[str, Any]:
     """A/B with n users: n users drawn (seeded), each assigned by the keyed hash of a salt of the draw,
     each user's lists and feedback those of the truth run of their variant; the share of draws whose
-    hit-rate difference is significant with the sign of the known one."""
+    hit-rate difference (and the coverage difference) is significant with the sign of the known one."""
     control, other = spec.variants[0].name, spec.variants[1].name
     users = sorted({i.user for i in truth[control][0] if i.user is not None})
     rng = np.random.default_rng(0)
-    sign = np.sign(known["hit_rate"]["value"] or 0.0)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"hit_rate": {}, "coverage": {}}
     for n in [s for s in SIZES if s < len(users)] + [len(users)]:
-        called = 0
+        called = dict.fromkeys(out, 0)
         for d in range(draws):
             chosen = set(rng.choice(users, n, replace=False).tolist())
             draw = spec.model_copy(update={"salt": f"draw-{n}-{d}"})
@@ -207,9 +206,12 @@ def ab_power(
                 for f in truth[name][1]
                 if f.user in chosen and arm[f.user] == name
             ]
-            got = results(draw, impressions, feedback, levels, n_items)["differences"][other]["hit_rate"]
-            called += bool(got["significant"] and np.sign(got["value"]) == sign)
-        out[str(n)] = round(called / draws, 3)
+            got = results(draw, impressions, feedback, levels, n_items)["differences"][other]
+            for m in out:
+                sign = np.sign(known[m]["value"] or 0.0)
+                called[m] += bool(got[m]["significant"] and np.sign(got[m]["value"] or 0.0) == sign)
+        for m in out:
+            out[m][str(n)] = round(called[m] / draws, 3)
     return out
 
 
@@ -247,7 +249,7 @@ def aa_rate(
 ) -> dict[str, Any]:
     """The truth run of the control, its users split by the keyed hash of each of `salts` salts into two
     variants that answer alike: the share of salts whose difference is called significant, per figure."""
-    calls = {m: 0 for m in ("hit_rate", "click_through", "mean_later_rating", "rmse", "log_loss")}
+    calls = {m: 0 for m in ("hit_rate", "click_through", "mean_later_rating", "rmse", "log_loss", "coverage")}
     base = ExperimentSpec.model_validate(
         {
             "id": "aa",
@@ -339,9 +341,14 @@ def run(split: Path, artifacts: Path, draws: int, salts: int) -> dict[str, Any]:
         # Every user seen under each variant (the two truth runs as two groups): the known difference.
         a = record["runs"]["truth-exact"]["results"]["variants"]["exact"]
         b = record["runs"][f"truth-{pair}"]["results"]["variants"][pair]
-        entry["known"] = {m: difference(a[m], b[m]) for m in METRICS if m != "coverage"}
-        entry["power"] = ab_power(spec, truth, entry["known"], levels, n_items, draws)
+        entry["known"] = {m: difference(a[m], b[m]) for m in METRICS}
+        powers = ab_power(spec, truth, entry["known"], levels, n_items, draws)
+        entry["power"] = powers["hit_rate"]
         entry["extrapolated"] = extrapolated(entry["known"]["hit_rate"], 2 * record["users"])
+        record["runs"][f"{pair}-coverage"] = {
+            "power": powers["coverage"],
+            "extrapolated": extrapolated(entry["known"]["coverage"], 2 * record["users"]),
+        }
         record["runs"][pair] = entry
         spec, entry, impressions, feedback = one_run(f"{pair}-interleaved", artifacts, rows, work)
         entry["power"] = interleaved_power(spec, impressions, feedback, levels, n_items, draws)
@@ -359,7 +366,13 @@ def _fig(f: dict[str, Any], scale: float = 100.0, unit: str = "%") -> str:
     return f"{f['value'] * scale:.2f}{unit}{low}" + (" *" if f.get("significant") else "")
 
 
-FIGURES = (("hit_rate", 100.0, "%"), ("mean_later_rating", 1.0, ""), ("rmse", 1.0, ""), ("log_loss", 1.0, ""))
+FIGURES = (
+    ("hit_rate", 100.0, "%"),
+    ("mean_later_rating", 1.0, ""),
+    ("rmse", 1.0, ""),
+    ("log_loss", 1.0, ""),
+    ("coverage", 100.0, "%"),
+)
 
 
 def _needed(power: dict[str, Any]) -> str:
@@ -389,14 +402,14 @@ def report(record: dict[str, Any], command: str) -> list[str]:
         "",
         "Each variant served to every user (a `truth-` run each), the variants' figures over all users:",
         "",
-        "| variant | lists | " + " | ".join(m for m, _, _ in FIGURES) + " | coverage |",
-        "|---|---|" + "---|" * (len(FIGURES) + 1),
+        "| variant | lists | " + " | ".join(m for m, _, _ in FIGURES) + " |",
+        "|---|---|" + "---|" * len(FIGURES),
     ]
     for name in ("exact", *PAIRS):
         r = runs[f"truth-{name}"]
         v = r["results"]["variants"][name]
         cells = " | ".join(_fig(v[m], sc, u) for m, sc, u in FIGURES)
-        lines.append(f"| {name} | {r['lists']} | {cells} | {_fig(v['coverage'])} |")
+        lines.append(f"| {name} | {r['lists']} | {cells} |")
     lines += ["", "Differences from `exact` (the variant minus exact, independent groups):", ""]
     lines += ["| variant | " + " | ".join(m for m, _, _ in FIGURES) + " |", "|---|" + "---|" * len(FIGURES)]
     for pair in PAIRS:
@@ -411,8 +424,8 @@ def report(record: dict[str, Any], command: str) -> list[str]:
         "report --json`.",
         "",
         "| run | users | hit rate difference | mean later rating difference | RMSE difference | "
-        "interleaving preference | results = report |",
-        "|---|---|---|---|---|---|---|",
+        "coverage difference | interleaving preference | results = report |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for pair in PAIRS:
         for name in (pair, f"{pair}-interleaved"):
@@ -423,9 +436,9 @@ def report(record: dict[str, Any], command: str) -> list[str]:
                 users = res["interleaving"]["users"]
             d = res["differences"][pair]
             pref = _fig(res["interleaving"]["preference"], 1.0, "") if "interleaving" in res else "-"
-            cells = [_fig(d["hit_rate"]), _fig(d["mean_later_rating"], 1, ""), _fig(d["rmse"], 1, "")]
+            cells = [_fig(d[m], sc, u) for m, sc, u in FIGURES if m != "log_loss"]
             if "interleaving" in res:  # per team: what each variant's items earned (hit rate only)
-                cells = [_fig(d["hit_rate"]), "-", "-"]
+                cells = [_fig(d["hit_rate"]), "-", "-", "-"]
             agrees = "yes" if r["report_agrees"] else "**no**"
             lines.append(f"| {name} | {users} | {' | '.join(cells)} | {pref} | {agrees} |")
     sizes = sorted({int(n) for r in runs.values() for n in r.get("power", {})})
@@ -434,9 +447,9 @@ def report(record: dict[str, Any], command: str) -> list[str]:
         "## Users needed",
         "",
         "The share of draws of n users (seeded, without replacement) in which the comparison is significant "
-        "at 95% with the sign of the known difference (A/B: the hit-rate difference, each drawn user in "
-        "the arm a salt of the draw assigns, with that arm's truth-run lists and feedback; interleaved: "
-        "the preference, users drawn from the interleaved run), and the smallest n where it reaches 80%:",
+        "at 95% with the sign of the known difference (A/B: the hit-rate or coverage difference, each drawn "
+        "user in the arm a salt of the draw assigns, with that arm's truth-run lists and feedback; "
+        "interleaved: the preference, users drawn from the interleaved run), and the smallest n where it reaches 80%:",
         "",
         "| comparison | " + " | ".join(str(n) for n in sizes) + " | users for 80% | extrapolated |",
         "|---|" + "---|" * (len(sizes) + 2),
@@ -444,7 +457,10 @@ def report(record: dict[str, Any], command: str) -> list[str]:
     for name, r in runs.items():
         if "power" in r:
             cells = [str(r["power"].get(str(n), "")) for n in sizes]
-            label = f"{name} (A/B)" if name in PAIRS else name
+            label = f"{name} (A/B, hit rate)" if name in PAIRS else name
+            label = (
+                f"{name.removesuffix('-coverage')} (A/B, coverage)" if name.endswith("-coverage") else label
+            )
             far = r.get("extrapolated")
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {_needed(r['power'])} | {far or '-'} |")
     lines += [
