@@ -449,7 +449,8 @@ def report(record: dict[str, Any], command: str) -> list[str]:
         "The share of draws of n users (seeded, without replacement) in which the comparison is significant "
         "at 95% with the sign of the known difference (A/B: the hit-rate or coverage difference, each drawn "
         "user in the arm a salt of the draw assigns, with that arm's truth-run lists and feedback; "
-        "interleaved: the preference, users drawn from the interleaved run), and the smallest n where it reaches 80%:",
+        "interleaved: the preference, users drawn from the interleaved run), and the smallest n where it "
+        "reaches 80%:",
         "",
         "| comparison | " + " | ".join(str(n) for n in sizes) + " | users for 80% | extrapolated |",
         "|---|" + "---|" * (len(sizes) + 2),
