@@ -11,6 +11,8 @@ then `--duration` s (`warm`); then the resident memory of the two workers (VmRSS
 - `none`: no DCMC_EXPERIMENTS;
 - `ab`: docker/experiments.toml as shipped (every user in it; `exact` against `inference.mode = none`,
   which is a second model in each worker);
+- `artifact`: an A/B experiment whose second variant is another artifact (DIR again, loaded a second time:
+  what a second artifact costs in memory);
 - `interleave`: exact and the popular list interleaved (each answer ranks twice and merges).
 
 The target (issue: experiments): `ab` keeps at least 90% of `none`'s warm requests per second. Writes
@@ -43,6 +45,19 @@ name = "exact"
 [[experiment.variant]]
 name = "popular"
 ranking = { popular = true }
+"""
+
+ARTIFACT = """
+[[experiment]]
+id = "two-artifacts"
+salt = "cost"
+
+[[experiment.variant]]
+name = "served"
+
+[[experiment.variant]]
+name = "other"
+artifact = "{artifact}"
 """
 
 

@@ -23,13 +23,15 @@ impression that showed the item at most `window_s` before it. Per variant:
 - `click_through`: impressions with a click on a shown item, of all impressions;
 - `hit_rate`: impressions with a shown item clicked or rated at least `hit_rating`;
 - `mean_later_rating`: the mean of the ratings given to shown items afterwards;
-- `coverage`: distinct items shown, as a share of the artifact's items;
+- `coverage`: distinct items shown to `coverage_users` users (the same number for every variant: the
+  expected count over draws of that many of the variant's users), as a share of the artifact's items;
 - `rmse`, `log_loss`: online accuracy: the ratings we predicted (and the distributions we served, where
   the answer had one) for the shown items, against the ratings those users then gave them.
 
 Each comes with a 95% interval. Users are what is randomised, so the intervals treat a user's answers as
 one unit: each figure is a ratio of per-user sums, its standard error by the delta method over users
-(coverage: 200 bootstrap resamples of users, seeded, so the service and `dcmc experiment report` agree);
+(coverage: a delete-a-group jackknife over 20 groups of users, dealt in id order, so the service and `dcmc
+experiment report` agree);
 differences are against the control, with independent groups' errors combined. An interleaved
 experiment also reports per team what its items earned, and `preference`: over users, the share whose
 clicks and hits went more to the second variant's items minus the share for the first's, with its
@@ -39,6 +41,7 @@ normal interval, and `significant` by the exact sign test over the users with a 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import time
@@ -49,9 +52,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import orjson
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from scipy.special import gammaln
 
 from model.stream import EVENT, REC, stream_order, text
 
@@ -61,8 +64,8 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 Z95 = 1.959963984540054
 """The normal quantile of a two-sided 95% interval."""
 
-BOOTSTRAP = 200
-"""Resamples of users behind the coverage intervals."""
+JACKKNIFE = 20
+"""Groups of users of the coverage's delete-a-group jackknife."""
 
 CLICK = "click"
 """The event kind that counts as a click."""
@@ -260,10 +263,10 @@ def parse_impression(fields: Mapping[Any, Any]) -> Impression | None:
     """An impressions-stream entry as an Impression, or None for one that does not parse."""
     f = {text(k): text(v) for k, v in fields.items()}
     try:
-        items = tuple(str(i) for i in orjson.loads(f["items"]))
-        scores = tuple(float(s) for s in orjson.loads(f["scores"]))
-        dists = orjson.loads(f["dists"]) if "dists" in f else None
-        teams = orjson.loads(f["teams"]) if "teams" in f else None
+        items = tuple(str(i) for i in json.loads(f["items"]))
+        scores = tuple(float(s) for s in json.loads(f["scores"]))
+        dists = json.loads(f["dists"]) if "dists" in f else None
+        teams = json.loads(f["teams"]) if "teams" in f else None
         return Impression(
             f["id"],
             float(f["at"]),
@@ -398,36 +401,50 @@ def sign_test(a: int, b: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
-def _coverage_samples(group: _Users, seed: int) -> np.ndarray:
-    """Bootstrap resamples of users: distinct items shown in each (BOOTSTRAP,)."""
-    users = list(group.shown)
-    if not users:
-        return np.zeros(BOOTSTRAP)
-    items = sorted({i for shown in group.shown.values() for i in shown})
-    index = {i: n for n, i in enumerate(items)}
-    owner = np.concatenate([np.full(len(group.shown[u]), n) for n, u in enumerate(users)])
-    item = np.concatenate([[index[i] for i in group.shown[u]] for u in users]).astype(np.int64)
-    rng = np.random.default_rng(seed)
-    out = np.empty(BOOTSTRAP)
-    for b in range(BOOTSTRAP):
-        weight = np.bincount(rng.integers(0, len(users), len(users)), minlength=len(users))
-        out[b] = np.count_nonzero(np.bincount(item, weights=weight[owner], minlength=len(items)))
-    return out
+def _rarefied(counts: np.ndarray, n: int, m: int) -> float:
+    """The expected number of distinct items among m of n users drawn without replacement, when item i
+    is shown to counts[i] of them: sum over items of 1 - C(n - k, m) / C(n, m)."""
+    k = counts[counts > 0].astype(np.float64)
+    if m >= n:
+        return float(len(k))
+    free = n - k
+    missed = np.zeros_like(k)
+    ok = free >= m
+    missed[ok] = np.exp(
+        gammaln(free[ok] + 1) - gammaln(free[ok] - m + 1) - gammaln(n + 1) + gammaln(n - m + 1)
+    )
+    return float((1.0 - missed).sum())
 
 
-def _figures(group: _Users, n_items: int, coverage: np.ndarray) -> dict[str, Any]:
-    shown = len({i for s in group.shown.values() for i in s})
-    spread = len(group.shown) > 1  # one user's resamples are all alike: no interval
-    # A resample repeats some users and drops others, so it shows fewer distinct items than the sample:
-    # the interval is the resamples' spread about their mean, placed about the observed share.
-    centre = float(coverage.mean())
-    cover = {
-        "value": shown / n_items,
-        "low": (shown - (centre - float(np.percentile(coverage, 2.5)))) / n_items if spread else None,
-        "high": (shown + (float(np.percentile(coverage, 97.5)) - centre)) / n_items if spread else None,
-        "se": float(coverage.std(ddof=1)) / n_items if spread else None,
-        "n": shown,
-    }
+def _coverage(group: _Users, m: int) -> tuple[float, float]:
+    """Distinct items shown to m of the group's users (expected over draws: rarefied, so that groups of
+    unequal size compare), and its standard error by the delete-a-group jackknife over users (JACKKNIFE
+    groups: the users in id order, dealt round; nan for fewer than 2 users)."""
+    users = sorted(group.shown)
+    n = len(users)
+    if n == 0:
+        return 0.0, math.nan
+    groups = min(JACKKNIFE, n)
+    per_item: dict[str, np.ndarray] = {}  # item -> users showing it, per group
+    for position, user in enumerate(users):
+        for item in group.shown[user]:
+            held = per_item.get(item)
+            if held is None:
+                held = per_item[item] = np.zeros(groups, dtype=np.int64)
+            held[position % groups] += 1
+    table = np.array(list(per_item.values())).reshape(-1, groups)
+    total = table.sum(axis=1)
+    value = _rarefied(total, n, m)
+    if n < 2:
+        return value, math.nan
+    sizes = np.bincount(np.arange(n) % groups, minlength=groups)
+    left = np.array([_rarefied(total - table[:, g], n - int(sizes[g]), m) for g in range(groups)])
+    return value, math.sqrt((groups - 1) / groups * float(((left - left.mean()) ** 2).sum()))
+
+
+def _figures(group: _Users, n_items: int, m: int) -> dict[str, Any]:
+    shown, se = _coverage(group, m)
+    cover = _interval(shown / n_items, se / n_items, m)
     impressions = group.column("impressions")
     return {
         "users": len(group.sums),
@@ -544,8 +561,11 @@ def results(
             groups[name].shown.setdefault(imp.user, set()).update(imp.items[p] for p in positions)
             score += team_hits if name == names[1] else -team_hits
         preference[imp.user] = preference.get(imp.user, 0.0) + score
-    samples = {name: _coverage_samples(groups[name], seed=n) for n, name in enumerate(names)}
-    figures = {name: _figures(groups[name], n_items, samples[name]) for name in names}
+    # Coverage at as many users as every variant holds, less a jackknife group's share (so that each
+    # deletion still holds them): a larger group shows more distinct items whatever it is shown.
+    smallest = min(len(groups[name].shown) for name in names)
+    at = max(1, smallest - -(-smallest // JACKKNIFE)) if smallest > 1 else max(smallest, 1)
+    figures = {name: _figures(groups[name], n_items, at) for name in names}
     control = figures[spec.control]
     out: dict[str, Any] = {
         "experiment": spec.id,
@@ -553,26 +573,14 @@ def results(
         "control": spec.control,
         "hit_rating": threshold,
         "window_s": spec.window_s,
+        "coverage_users": at,
         "impressions_read": len(impressions),
         "feedback_read": len(feedback),
         "variants": figures,
         "differences": {},
     }
     for name in names[1:]:
-        diffs = {m: difference(control[m], figures[name][m]) for m in METRICS if m != "coverage"}
-        diffs["coverage"] = {"value": None, "low": None, "high": None, "significant": False}
-        if figures[name]["coverage"]["low"] is not None and control["coverage"]["low"] is not None:
-            spread = (samples[name] - samples[spec.control]) / n_items
-            value = figures[name]["coverage"]["value"] - control["coverage"]["value"]
-            centre = float(spread.mean())
-            low = value - (centre - float(np.percentile(spread, 2.5)))
-            high = value + (float(np.percentile(spread, 97.5)) - centre)
-            diffs["coverage"] = {
-                "value": value,
-                "low": low,
-                "high": high,
-                "significant": bool(low > 0 or high < 0),
-            }
+        diffs = {m: difference(control[m], figures[name][m]) for m in METRICS}
         out["differences"][name] = diffs
     if spec.method == "interleave":
         signs = np.sign(np.array(list(preference.values()))) if preference else np.zeros(0)

@@ -74,14 +74,16 @@ def test_assignment_is_balanced_by_weight_within_sampling_error(weights: tuple[f
 def test_the_share_of_users_inside_is_the_experiments_share() -> None:
     share = 0.3
     spec = _spec(share=share)
-    assigned = [spec.assign(u) for u in USERS]
-    inside = sum(a is not None for a in assigned)
+    assigned = [spec.assign(u) for u in USERS[:20_000]]
+    inside = sum(unit("exp", "s1", u)[0] < share for u in USERS)
     n = len(USERS)
     bound = 5 * math.sqrt(n * share * (1 - share))  # five binomial standard deviations
     assert abs(inside - n * share) < bound, inside
     # The inside users are split by weight as well (the second number is independent of the first).
+    some = sum(a is not None for a in assigned)
     first = sum(a == "v0" for a in assigned)
-    assert abs(first - inside / 2) < 5 * math.sqrt(inside / 4)
+    assert abs(first - some / 2) < 5 * math.sqrt(some / 4)
+    assert abs(some - 20_000 * share) < 5 * math.sqrt(20_000 * share * (1 - share))
     for u in USERS[:2000]:  # inside exactly when the first number is below the share
         assert (spec.assign(u) is not None) == (unit("exp", "s1", u)[0] < share)
 
@@ -124,10 +126,23 @@ def test_assignment_is_the_same_in_another_process(hash_seed: str) -> None:
 
 def test_another_salt_reshuffles_the_users() -> None:
     one, other = _spec(salt="first"), _spec(salt="second")
-    users = USERS[:20_000]
+    users = USERS[:10_000]
     agree = sum(one.assign(u) == other.assign(u) for u in users) / len(users)
     assert abs(agree - 0.5) < 5 * math.sqrt(0.25 / len(users)), agree
-    assert [one.assign(u) for u in users] == [_spec(salt="first").assign(u) for u in users]
+    assert [one.assign(u) for u in users[:1000]] == [_spec(salt="first").assign(u) for u in users[:1000]]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="unit() keys BLAKE2b with salt.encode()[:64]: a salt may be 64 characters, so a non-ASCII "
+    "one is cut at 64 bytes and two salts that differ after that assign every user alike",
+)
+def test_another_non_ascii_salt_of_the_allowed_length_reshuffles_the_users() -> None:
+    first, second = "é" * 32 + "a" * 32, "é" * 32 + "b" * 32  # 64 characters each: allowed
+    one, other = _spec(salt=first), _spec(salt=second)
+    users = USERS[:2000]
+    agree = sum(one.assign(u) == other.assign(u) for u in users) / len(users)
+    assert abs(agree - 0.5) < 5 * math.sqrt(0.25 / len(users)), agree
 
 
 # -- the experiments file --------------------------------------------------------------------------------
@@ -185,7 +200,8 @@ def test_a_bad_experiments_file_is_an_error_naming_the_problem(
     message = str(caught.value)
     assert problem in message and str(path) in message, message
     assert "Traceback" not in message and "\n" not in message
-    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # raised `from None`
+    error = caught.value  # no chained traceback: raised `from None`, or outside any handler
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
 
 
 def test_a_missing_experiments_file_is_an_error(tmp_path: Path) -> None:
@@ -271,7 +287,15 @@ def test_impressions_and_feedback_parse_from_their_stream_fields() -> None:
     }
     imp = parse_impression(fields)
     assert imp == Impression(
-        "a" * 32, 12.5, "u", ("x", "y"), (4.0, 3.5), ((0.1, 0.2, 0.3, 0.2, 0.2), None), "e", "v0", ("v0", "v1")
+        "a" * 32,
+        12.5,
+        "u",
+        ("x", "y"),
+        (4.0, 3.5),
+        ((0.1, 0.2, 0.3, 0.2, 0.2), None),
+        "e",
+        "v0",
+        ("v0", "v1"),
     )
     assert parse_impression({b"id": b"x", b"at": b"1"}) is None
     assert parse_impression({**fields, b"items": b"not json"}) is None
@@ -399,6 +423,29 @@ def test_named_feedback_goes_to_the_impression_it_names_only() -> None:
     assert _clicked(other_user) == {"a": 0.0, "b": 0.0, "c": 0.0}  # it names another user's answer
 
 
+def test_named_feedback_for_an_impression_that_did_not_show_the_item_goes_nowhere() -> None:
+    spec = _spec(**THREE)
+    imps = [_imp("p1", 1000.0, "u", ("x",), "a"), _imp("p2", 1010.0, "u", ("y",), "b")]
+    out = results(spec, imps, [_click(1020.0, "u", "x", rec="p2")], LEVELS, 10)
+    assert _clicked(out) == {"a": 0.0, "b": 0.0, "c": None}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_credited looks the named id up among this experiment's impressions only: feedback naming "
+    "another answer (a /similar-items answer, or another experiment's) falls back to the window search "
+    "and is credited to this experiment's latest impression showing the item",
+)
+def test_feedback_naming_an_impression_outside_the_experiment_is_not_credited_to_it() -> None:
+    spec = _spec(**THREE)
+    imps = [
+        _imp("p1", 1000.0, "u", ("x",), "a"),
+        _imp("similar", 1010.0, "u", ("x",), None, experiment=None),  # an answer of no experiment
+    ]
+    out = results(spec, imps, [_click(1020.0, "u", "x", rec="similar")], LEVELS, 10)
+    assert _clicked(out)["a"] == 0.0  # the click followed the other answer, not p1
+
+
 def test_unnamed_feedback_goes_to_the_latest_impression_showing_the_item_within_the_window() -> None:
     spec = _spec(**THREE)
     imps = [
@@ -501,9 +548,9 @@ def test_a_users_impressions_are_one_unit_of_the_interval() -> None:
     imps, feedback = [], []
     for k in range(100):
         for t in range(10):
-            imps.append(_imp(f"p{k}-{t}", float(t), f"u{k}", ("x",), "a"))
+            imps.append(_imp(f"p{k}-{t}", 10.0 * t, f"u{k}", ("x",), "a"))
             if k < 30:
-                feedback.append(_click(t + 0.5, f"u{k}", "x"))
+                feedback.append(_click(10.0 * t + 2.0, f"u{k}", "x"))
     figure = results(spec, imps, feedback, LEVELS, 10)["variants"]["a"]["click_through"]
     assert figure["value"] == pytest.approx(0.3) and figure["n"] == 1000
     assert figure["se"] == pytest.approx(math.sqrt(0.3 * 0.7 / 100), rel=0.01)
@@ -513,22 +560,29 @@ def _aa_rows(seed: int) -> tuple[ExperimentSpec, list[Impression], list[Feedback
     """Random users of two identical variants: each user has a propensity to hit, one to three
     impressions of four items, clicks and ratings drawn from the same distributions in both."""
     rng = np.random.default_rng(seed)
-    spec = _spec(names=["a", "b"], salt=f"aa-{seed}", hit_rating=4.0)
+    spec = _spec(names=["a", "b"], hit_rating=4.0)
+    n = 120
+    variant = rng.integers(0, 2, n)
+    shown = rng.integers(1, 4, n)  # impressions per user
+    owner = np.repeat(np.arange(n), shown)
+    turn = np.concatenate([np.arange(c) for c in shown])
+    total = len(owner)
+    items = np.argsort(rng.random((total, 40)), axis=1)[:, :4].tolist()
+    scores = rng.uniform(1, 5, (total, 4)).tolist()
+    clicked = (rng.random(total) < rng.beta(2.0, 5.0, n)[owner]).tolist()
+    rated = (rng.random(total) < 0.5).tolist()
+    click_at, rate_at = rng.integers(0, 4, total).tolist(), rng.integers(0, 4, total).tolist()
+    ratings = rng.integers(1, 6, total).astype(float).tolist()
     imps: list[Impression] = []
     feedback: list[Feedback] = []
-    for k in range(200):
-        user = f"u{k}"
-        variant = spec.assign(user)
-        propensity = rng.beta(2.0, 5.0)
-        for t in range(int(rng.integers(1, 4))):
-            at = 100.0 * t
-            items = tuple(f"i{j}" for j in rng.choice(40, size=4, replace=False))
-            imps.append(_imp(f"{user}-{t}", at, user, items, variant, scores=tuple(rng.uniform(1, 5, 4))))
-            if rng.random() < propensity:
-                feedback.append(_click(at + 1.0, user, items[int(rng.integers(4))]))
-            if rng.random() < 0.5:
-                rating = float(rng.integers(1, 6))
-                feedback.append(_rate(at + 2.0, user, items[int(rng.integers(4))], rating))
+    for t, (k, when) in enumerate(zip(owner.tolist(), turn.tolist(), strict=True)):
+        user, at = f"u{k}", 100.0 * when
+        names = tuple(f"i{j}" for j in items[t])
+        imps.append(_imp(f"{user}-{when}", at, user, names, "ab"[variant[k]], scores=tuple(scores[t])))
+        if clicked[t]:
+            feedback.append(_click(at + 2.0, user, names[click_at[t]]))
+        if rated[t]:
+            feedback.append(_rate(at + 3.0, user, names[rate_at[t]], ratings[t]))
     return spec, imps, feedback
 
 
