@@ -12,12 +12,15 @@ control that differences are measured against.
 
 **Assignment.** `unit(experiment, salt, user)` is a keyed BLAKE2b hash of the user under the experiment
 and its salt, read as two numbers in [0, 1): the first puts a `share` of users in the experiment, the
-second picks a variant by weight. It is the same in every worker, replica and restart (never Python's
-per-process `hash`), and changing the salt reshuffles the users.
+second picks a variant by weight (the key: BLAKE2b of the salt, so a salt of any length counts whole).
+It is the same in every worker, replica and restart (never Python's per-process `hash`), and changing
+the salt reshuffles the users.
 
 **Results** (`results`): each rating and event is credited to at most one impression of the experiment:
-the one it names (`recommendation_id`) where it names one that showed the item, else the user's latest
-impression that showed the item at most `window_s` before it. Per variant:
+the one it names (`recommendation_id`), where that one showed the item (a named impression that did not,
+or one of another experiment or route, gets nothing); else, when it names none or one the impressions
+stream no longer holds, the user's latest impression that showed the item at most `window_s` before it.
+Per variant:
 
 - `impressions`, `users`: answers shown, and users shown at least one;
 - `click_through`: impressions with a click on a shown item, of all impressions;
@@ -190,9 +193,8 @@ def read_experiments(path: str | Path) -> list[ExperimentSpec]:
 def unit(experiment: str, salt: str, user: str) -> tuple[float, float]:
     """Two numbers in [0, 1) for the user in the experiment: BLAKE2b of the experiment id and the user,
     keyed by the salt."""
-    digest = hashlib.blake2b(
-        f"{experiment}\x00{user}".encode(), key=salt.encode()[:64], digest_size=16
-    ).digest()
+    key = hashlib.blake2b(salt.encode(), digest_size=32).digest()  # any salt, whatever its length in bytes
+    digest = hashlib.blake2b(f"{experiment}\x00{user}".encode(), key=key, digest_size=16).digest()
     scale = float(2**64)
     return int.from_bytes(digest[:8], "big") / scale, int.from_bytes(digest[8:], "big") / scale
 
@@ -427,7 +429,7 @@ def _coverage(group: _Users, m: int) -> tuple[float, float]:
     groups = min(JACKKNIFE, n)
     per_item: dict[str, np.ndarray] = {}  # item -> users showing it, per group
     for position, user in enumerate(users):
-        for item in group.shown[user]:
+        for item in sorted(group.shown[user]):  # one order in every process (sums of floats)
             held = per_item.get(item)
             if held is None:
                 held = per_item[item] = np.zeros(groups, dtype=np.int64)
@@ -463,9 +465,14 @@ METRICS = ("click_through", "hit_rate", "mean_later_rating", "coverage", "rmse",
 
 
 def _credited(
-    spec: ExperimentSpec, impressions: Sequence[Impression], feedback: Sequence[Feedback]
+    spec: ExperimentSpec,
+    impressions: Sequence[Impression],
+    feedback: Sequence[Feedback],
+    held: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, list[tuple[int, Feedback]]]:
-    """Impression id -> the (position of the item in it, feedback) credited to it."""
+    """Impression id -> the (position of the item in it, feedback) credited to it, among `impressions`
+    (the experiment's); `held`: the ids of every impression read (of any experiment or route): feedback
+    naming one of them goes to that one only."""
     by_id = {imp.id: imp for imp in impressions}
     by_user: dict[str, list[Impression]] = {}
     for imp in sorted(impressions, key=lambda i: i.at):
@@ -477,7 +484,7 @@ def _credited(
         target: Impression | None = None
         if named is not None and named.user == fb.user and fb.item in named.items:
             target = named
-        elif fb.rec is None or named is None:
+        elif fb.rec is None or (named is None and fb.rec not in held):  # names none, or one trimmed
             for imp in reversed(by_user.get(fb.user, ())):
                 if imp.at > fb.at + 1.0:  # a second's slack between a worker's clock and Redis's
                     continue
@@ -531,7 +538,7 @@ def results(
     """The experiment's figures (module docstring) from the impressions and the feedback read."""
     mine = [imp for imp in impressions if imp.experiment == spec.id and imp.user is not None]
     mine.sort(key=lambda i: (i.at, i.id))
-    credited = _credited(spec, mine, feedback)
+    credited = _credited(spec, mine, feedback, {imp.id for imp in impressions})
     levels_a = np.asarray(levels, dtype=np.float64)
     threshold = spec.hit_threshold(levels)
     names = [v.name for v in spec.variants]
