@@ -570,7 +570,7 @@ def results(
         preference[imp.user] = preference.get(imp.user, 0.0) + score
     # Coverage at as many users as every variant holds, less a jackknife group's share (so that each
     # deletion still holds them): a larger group shows more distinct items whatever it is shown.
-    smallest = min(len(groups[name].shown) for name in names)
+    smallest = min((len(g.shown) for g in groups.values() if g.shown), default=1)  # of those shown any
     at = max(1, smallest - -(-smallest // JACKKNIFE)) if smallest > 1 else max(smallest, 1)
     figures = {name: _figures(groups[name], n_items, at) for name in names}
     control = figures[spec.control]

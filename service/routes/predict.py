@@ -116,7 +116,7 @@ def answer(
     ratings, dist, fallback = scorer.predict(
         user_idx, items_idx, distribution or tracked is not None, state, exact or explain
     )
-    if dist is not None:
+    if dist is not None and (distribution or tracked is not None):  # what the answer or impression shows
         dist = tempered(dist, scorer.temperature)  # calibrated on validation ratings; `rating` is untempered
     # Serialised here rather than through PredictResponse (which documents the shape in OpenAPI): building
     # and validating 1000 pydantic objects would cost more than the prediction itself.
