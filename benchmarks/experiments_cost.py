@@ -102,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     started, began, git = h.stamp(), time.perf_counter(), h.commit()
     work = Path(tempfile.mkdtemp(prefix="dcmc-exp-cost-"))
     (work / "interleave.toml").write_text(INTERLEAVE)
+    (work / "artifact.toml").write_text(ARTIFACT.format(artifact=args.artifacts.resolve()))
     files = {
         "none": None,
         "ab": h.REPO / "docker" / "experiments.toml",
+        "artifact": work / "artifact.toml",
         "interleave": work / "interleave.toml",
     }
     figures = measure(args.artifacts, files, args.duration, args.rounds)
