@@ -9,13 +9,16 @@ uniformly random user}?k=10 for 3 s (a warm-up: the users' rows computed; its ra
 then `--duration` s (`warm`); then the resident memory of the two workers (VmRSS summed). Configurations:
 
 - `none`: no DCMC_EXPERIMENTS;
+- `aa`: an experiment whose two variants change nothing (what the experiment itself costs: assignment,
+  the answer's labels, the impressions' distributions);
 - `ab`: docker/experiments.toml as shipped (every user in it; `exact` against `inference.mode = none`,
   which is a second model in each worker);
 - `artifact`: an A/B experiment whose second variant is another artifact (DIR again, loaded a second time:
   what a second artifact costs in memory);
 - `interleave`: exact and the popular list interleaved (each answer ranks twice and merges).
 
-The target (issue: experiments): `ab` keeps at least 90% of `none`'s warm requests per second. Writes
+The target (issue: experiments): an experiment keeps at least 90% of `none`'s warm requests per second
+(`aa` measures it: `ab`'s second variant is cheaper than exact). Writes
 benchmarks/results/experiments-cost.md and appends to experiments-cost.jsonl.
 """
 
@@ -45,6 +48,18 @@ name = "exact"
 [[experiment.variant]]
 name = "popular"
 ranking = { popular = true }
+"""
+
+AA = """
+[[experiment]]
+id = "aa"
+salt = "cost"
+
+[[experiment.variant]]
+name = "a"
+
+[[experiment.variant]]
+name = "b"
 """
 
 ARTIFACT = """
@@ -102,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     started, began, git = h.stamp(), time.perf_counter(), h.commit()
     work = Path(tempfile.mkdtemp(prefix="dcmc-exp-cost-"))
     (work / "interleave.toml").write_text(INTERLEAVE)
+    (work / "aa.toml").write_text(AA)
     (work / "artifact.toml").write_text(ARTIFACT.format(artifact=args.artifacts.resolve()))
     files = {
         "none": None,
+        "aa": work / "aa.toml",
         "ab": h.REPO / "docker" / "experiments.toml",
         "artifact": work / "artifact.toml",
         "interleave": work / "interleave.toml",
@@ -146,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | {cold} | {warm} | {share:.3f} | {rss:.0f} | {extra:+.0f} |")
     lines += [
         "",
-        f"Target: `ab` keeps at least 90% of `none`'s requests per second: {record['share']['ab']:.1%} "
-        f"({'met' if record['share']['ab'] >= 0.9 else '**not met**'}).",
+        f"Target: an experiment keeps at least 90% of `none`'s requests per second: `aa` "
+        f"{record['share']['aa']:.1%} ({'met' if record['share']['aa'] >= 0.9 else '**not met**'}), `ab` "
+        f"{record['share']['ab']:.1%} (its second variant is cheaper than exact).",
     ]
     h.write_report(args.results / "experiments-cost.md", lines)
     print(record["share"], record["rss_extra_mb"])
