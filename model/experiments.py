@@ -43,6 +43,7 @@ normal interval, and `significant` by the exact sign test over the users with a 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -51,6 +52,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -141,19 +143,32 @@ class ExperimentSpec(BaseModel):
     def active(self, now: float | None = None) -> bool:
         """Whether it runs at `now` (seconds since the epoch; default: now)."""
         now = time.time() if now is None else now
-        return (self.start is None or self.start.timestamp() <= now) and (
-            self.end is None or now < self.end.timestamp()
-        )
+        start, end = self._bounds
+        return start <= now < end
 
     def assign(self, user: str) -> str | None:
         """The user's variant, or None when the user is outside the experiment's share (whether it runs
         or not: `active` says)."""
-        inside, pick = unit(self.id, self.salt, user)
+        inside, pick = unit(self.id, self.salt, user, self._key)
         if inside >= self.share:
             return None
-        weights = np.array([v.weight for v in self.variants])
-        edges = np.cumsum(weights) / weights.sum()
-        return self.variants[min(int(np.searchsorted(edges, pick, side="right")), len(edges) - 1)].name
+        edges = self._edges
+        return self.variants[min(bisect.bisect_right(edges, pick), len(edges) - 1)].name
+
+    @property
+    def _key(self) -> bytes:
+        return salt_key(self.salt)
+
+    @property
+    def _edges(self) -> tuple[float, ...]:
+        return _edges(tuple(v.weight for v in self.variants))
+
+    @property
+    def _bounds(self) -> tuple[float, float]:
+        return (
+            self.start.timestamp() if self.start is not None else -math.inf,
+            self.end.timestamp() if self.end is not None else math.inf,
+        )
 
     def hit_threshold(self, levels: Sequence[float]) -> float:
         """`hit_rating`, or 3/4 of the way up the rating scale (4 on a 1..5 scale)."""
@@ -190,10 +205,26 @@ def read_experiments(path: str | Path) -> list[ExperimentSpec]:
     return experiments
 
 
-def unit(experiment: str, salt: str, user: str) -> tuple[float, float]:
+@lru_cache(maxsize=1024)
+def _edges(weights: tuple[float, ...]) -> tuple[float, ...]:
+    """Cumulative shares of the weights."""
+    total, acc, out = sum(weights), 0.0, []
+    for w in weights:
+        acc += w
+        out.append(acc / total)
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def salt_key(salt: str) -> bytes:
+    """The hash key of a salt: its BLAKE2b (so a salt of any length in bytes counts whole)."""
+    return hashlib.blake2b(salt.encode(), digest_size=32).digest()
+
+
+def unit(experiment: str, salt: str, user: str, key: bytes | None = None) -> tuple[float, float]:
     """Two numbers in [0, 1) for the user in the experiment: BLAKE2b of the experiment id and the user,
-    keyed by the salt."""
-    key = hashlib.blake2b(salt.encode(), digest_size=32).digest()  # any salt, whatever its length in bytes
+    keyed by the salt's hash (`key`: `salt_key(salt)`, given where it is kept)."""
+    key = salt_key(salt) if key is None else key
     digest = hashlib.blake2b(f"{experiment}\x00{user}".encode(), key=key, digest_size=16).digest()
     scale = float(2**64)
     return int.from_bytes(digest[:8], "big") / scale, int.from_bytes(digest[8:], "big") / scale

@@ -47,6 +47,10 @@ class RankingOptions(BaseModel):
     popular: bool = Field(default=False, description="the popular list (shrunk mean rating) for everyone")
 
 
+NO_OPTIONS = RankingOptions()
+"""A variant that changes nothing in the ranking."""
+
+
 @dataclass(frozen=True)
 class Assignment:
     """A user's part in an experiment."""
@@ -66,6 +70,7 @@ class Experiments:
         self.specs = specs
         self.by_id = {e.id: e for e in specs}
         self.ranking: dict[tuple[str, str], RankingOptions] = {}
+        self._counters: dict[tuple[str, str], Any] = {}
         for e in specs:
             for v in e.variants:
                 where = f"experiment {e.id!r}, variant {v.name!r}"
@@ -99,6 +104,15 @@ class Experiments:
             if variant is not None:
                 return Assignment(e, INTERLEAVED if e.method == "interleave" else variant)
         return None
+
+    def answered(self, experiment: str, variant: str, metrics: Metrics) -> None:
+        """Count an answer given in the variant (`dcmc_experiment_answers_total`)."""
+        counter = self._counters.get((experiment, variant))
+        if counter is None:
+            counter = self._counters[(experiment, variant)] = metrics.experiment_answers.labels(
+                experiment, variant
+            )
+        counter.inc()
 
     def model_variants(self) -> list[tuple[ExperimentSpec, VariantSpec]]:
         """The variants served by a model of their own."""

@@ -19,10 +19,13 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
+from model.calibration import tempered
 from model.stream import connect
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,18 @@ def impressions_key(prefix: str) -> str:
     return f"{prefix}:impressions"
 
 
+@dataclass(frozen=True)
+class Served:
+    """Distributions an answer served, made into what the impression keeps by the writing thread: the
+    model's (K, levels) array, tempered by `temperature` (as /predict serves them), rounded to 6 places."""
+
+    probs: np.ndarray
+    temperature: float
+
+    def dists(self) -> list[list[float]]:
+        return np.round(tempered(self.probs, self.temperature), 6).tolist()  # type: ignore[no-any-return]
+
+
 class Impressions:
     """The queue and the thread that write impressions to Redis (module docstring)."""
 
@@ -57,7 +72,7 @@ class Impressions:
         self.client = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._written = metrics.impressions.labels("written")
         self._dropped = metrics.impressions.labels("dropped")
-        self._queue: queue.Queue[dict[str, bytes | str]] = queue.Queue(QUEUE_SIZE)
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(QUEUE_SIZE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="impressions", daemon=True)
         self._thread.start()
@@ -74,7 +89,17 @@ class Impressions:
     ) -> None:
         """Queue what an answer showed (never blocks: a full queue drops it, counted). `subject`: {"user":
         id} or {"item": id}; `more`: `experiment` and `variant` (strings), `teams` (the variant that placed
-        each item, interleaved), `dists` (each item's served distribution, or None)."""
+        each item, interleaved), `dists` (each item's served distribution, or None; or `Served`: computed
+        by the writing thread). Serialised by the writing thread too: the answer only queues it."""
+        shown = (recommendation_id, route, subject, items, scores, model_version, time.time(), more)
+        try:
+            self._queue.put_nowait(shown)
+        except queue.Full:
+            self._dropped.inc()
+
+    @staticmethod
+    def _fields(shown: tuple[Any, ...]) -> dict[str, bytes | str]:
+        recommendation_id, route, subject, items, scores, model_version, at, more = shown
         fields: dict[str, bytes | str] = {
             "id": recommendation_id,
             "route": route,
@@ -82,20 +107,19 @@ class Impressions:
             "items": orjson.dumps(list(items)),
             "scores": orjson.dumps([float(s) for s in scores]),
             "model_version": model_version,
-            "at": repr(time.time()),
+            "at": repr(at),
         }
         for name, value in (more or {}).items():
+            if isinstance(value, Served):
+                value = value.dists()
             fields[name] = value if isinstance(value, str) else orjson.dumps(value)
-        try:
-            self._queue.put_nowait(fields)
-        except queue.Full:
-            self._dropped.inc()
+        return fields
 
     def _run(self) -> None:
         import redis
 
         while not self._stop.wait(FLUSH_S):
-            batch: list[dict[str, bytes | str]] = []
+            batch: list[tuple[Any, ...]] = []
             while len(batch) < BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -105,8 +129,8 @@ class Impressions:
                 continue
             try:
                 pipe = self.client.pipeline(transaction=False)
-                for fields in batch:
-                    pipe.xadd(self.key, fields, maxlen=self.max_entries, approximate=True)
+                for shown in batch:
+                    pipe.xadd(self.key, self._fields(shown), maxlen=self.max_entries, approximate=True)
                 pipe.execute()
                 self._written.inc(len(batch))
             except redis.RedisError as exc:

@@ -11,7 +11,6 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Resp
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.concurrency import run_in_threadpool
 
-from model.calibration import tempered
 from model.exact.explain import CannotExplain
 from model.experiments import team_draft
 from model.ids import UnknownIdError
@@ -21,8 +20,8 @@ from service.catalogue import Boost, Filter, both, check_shape, short_filter
 from service.consistency import After, wait_applied
 from service.deps import ScorerDep, SettingsDep
 from service.errors import invalid, unknown_ids
-from service.experiments import RankingOptions
-from service.impressions import new_id
+from service.experiments import NO_OPTIONS, RankingOptions
+from service.impressions import Served, new_id
 from service.recommend import POPULAR_REASON, POPULAR_SHRINKAGE, Ranking, recommend, split_ids
 from service.schemas import MAX_ID_LENGTH, Explanation
 from service.scoring import ServedModel
@@ -331,7 +330,7 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
         return listed.payload, listed
     experiment = assignment.experiment
     assert scorer.experiments is not None
-    scorer.metrics.experiment_answers.labels(experiment.id, assignment.variant).inc()
+    scorer.experiments.answered(experiment.id, assignment.variant, scorer.metrics)
     if experiment.method == "ab":
         options = scorer.experiments.ranking[(experiment.id, assignment.variant)]
         model = scorer.variant_model(experiment.id, assignment.variant)
@@ -359,7 +358,9 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
     entries: list[dict[str, tuple[dict[str, Any], float, list[float] | None]]] = []
     for one in lists:
         served = _dists(q.user, one)
-        dists: list[list[float] | None] = list(served) if served is not None else [None] * len(one.best)
+        dists: list[list[float] | None] = [None] * len(one.best)
+        if served is not None:
+            dists = list(served.dists())
         recs, scores = one.payload["recommendations"], one.scores.tolist()
         entries.append({rec["item"]: (rec, s, d) for rec, s, d in zip(recs, scores, dists, strict=True)})
     chosen = [entries[team][item] for item, team in zip(items, teams, strict=True)]
@@ -394,6 +395,8 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
 def _with(q: Asked, options: RankingOptions) -> Asked:
     """The query with a variant's ranking options: the request's own values win, the variant's filter
     holds besides the request's and its boosts add to them."""
+    if options == NO_OPTIONS:
+        return q
     return replace(
         q,
         filter=both(q.filter, options.filter),
@@ -403,16 +406,16 @@ def _with(q: Asked, options: RankingOptions) -> Asked:
     )
 
 
-def _dists(user: str, listed: Listed) -> list[list[float]] | None:
-    """The served distributions of a list's items (calibrated as /predict serves them, rounded to 6
-    places), None for the popular list."""
+def _dists(user: str, listed: Listed) -> Served | None:
+    """The served distributions of a list's items (made into the impression's by its writing thread:
+    calibrated as /predict serves them), None for the popular list."""
     if listed.fallback or not len(listed.best):
         return None
     model = listed.model
     index = model.user_index(user, listed.state)
     _, dists, _ = model.predict(index, listed.best, True, listed.state)
     assert dists is not None
-    return np.round(tempered(dists, model.temperature), 6).tolist()  # type: ignore[no-any-return]
+    return Served(dists, model.temperature)
 
 
 def _listed(scorer: ServedModel, settings: Settings, q: Asked, exact: bool, popular: bool = False) -> Listed:
