@@ -88,10 +88,6 @@ class Experiments:
                     problem = None if clause is None else shape_problem(clause, ["ranking", loc])
                     if problem is not None:
                         raise ExperimentError(f"{where}: ranking.{loc}: {problem[2]}")
-                if v.inference:
-                    for name in v.inference:
-                        if not isinstance(name, str) or not name:
-                            raise ExperimentError(f"{where}: inference names are dotted strings")
                 self.ranking[(e.id, v.name)] = options
 
     def assigned(self, user: str, now: float | None = None) -> Assignment | None:

@@ -323,9 +323,8 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
     assignment = scorer.experiments.assigned(q.user) if scorer.experiments is not None else None
     if assignment is None:
         listed = _listed(scorer, settings, q, exact)
-        items = [scorer.item_id(int(i)) for i in listed.best]
         listed.payload["recommendation_id"] = scorer.shown(
-            "/recommend", {"user": q.user}, items, listed.scores.tolist()
+            "/recommend", {"user": q.user}, _items(listed), listed.scores.tolist()
         )
         return listed.payload, listed
     experiment = assignment.experiment
@@ -335,7 +334,6 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
         options = scorer.experiments.ranking[(experiment.id, assignment.variant)]
         model = scorer.variant_model(experiment.id, assignment.variant)
         listed = _listed(model, settings, _with(q, options), exact, options.popular)
-        items = [model.item_id(int(i)) for i in listed.best]
         more: dict[str, Any] = {
             "experiment": experiment.id,
             "variant": assignment.variant,
@@ -343,7 +341,7 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
         }
         payload = {**listed.payload, "experiment": experiment.id, "variant": assignment.variant}
         payload["recommendation_id"] = scorer.shown(
-            "/recommend", {"user": q.user}, items, listed.scores.tolist(), more
+            "/recommend", {"user": q.user}, _items(listed), listed.scores.tolist(), more
         )
         return payload, listed
     # Interleaved: each variant's list, merged by team draft (model/experiments.py).
@@ -352,9 +350,8 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
         options = scorer.experiments.ranking[(experiment.id, variant.name)]
         model = scorer.variant_model(experiment.id, variant.name)
         lists.append(_listed(model, settings, _with(q, options), exact, options.popular))
-    ids = [[one.model.item_id(int(i)) for i in one.best] for one in lists]
     recommendation_id = new_id()
-    items, teams = team_draft(ids[0], ids[1], q.k, recommendation_id)
+    items, teams = team_draft(_items(lists[0]), _items(lists[1]), q.k, recommendation_id)
     entries: list[dict[str, tuple[dict[str, Any], float, list[float] | None]]] = []
     for one in lists:
         served = _dists(q.user, one)
@@ -390,6 +387,11 @@ def ranked(scorer: ServedModel, settings: Settings, q: Asked, exact: bool) -> tu
             raise invalid([*q.loc, "explain"], "cannot_explain", msg) from None
         best = control.best[:0]
     return payload, Listed(payload, control.model, control.state, best, control.scores, control.fallback)
+
+
+def _items(listed: Listed) -> list[str]:
+    """The external ids of a list's items, as its answer names them."""
+    return [rec["item"] for rec in listed.payload["recommendations"]]
 
 
 def _with(q: Asked, options: RankingOptions) -> Asked:

@@ -249,26 +249,8 @@ def test_results_equal_the_report_computed_from_the_streams(
         _impressions(redis_client, prefix, len(USERS))
         time.sleep(2.5)  # past the results' cache
         served = c.get("/experiments/ab/results").json()
-        report = subprocess.run(
-            [
-                DCMC,
-                "experiment",
-                "report",
-                "ab",
-                "--experiments",
-                str(path),
-                "--artifacts",
-                str(tiny_artifact),
-                "--redis",
-                REDIS_URL,
-                "--prefix",
-                prefix,
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        report = _report("ab", path, tiny_artifact, prefix, "--json")
+        assert report.returncode == 0, report.stderr
         assert json.loads(report.stdout) == served
         variants = served["variants"]
         assert sum(v["impressions"] for v in variants.values()) == len(USERS)
@@ -283,44 +265,30 @@ def test_results_equal_the_report_computed_from_the_streams(
             )
             == variants["exact"]["impressions"]
         )
-        table = subprocess.run(
-            [
-                DCMC,
-                "experiment",
-                "report",
-                "ab",
-                "--experiments",
-                str(path),
-                "--artifacts",
-                str(tiny_artifact),
-                "--redis",
-                REDIS_URL,
-                "--prefix",
-                prefix,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        assert "exact" in table and "base - exact" in table
-        missing = subprocess.run(
-            [
-                DCMC,
-                "experiment",
-                "report",
-                "nope",
-                "--experiments",
-                str(path),
-                "--artifacts",
-                str(tiny_artifact),
-                "--redis",
-                REDIS_URL,
-            ],
-            capture_output=True,
-            text=True,
-        )
+        table = _report("ab", path, tiny_artifact, prefix)
+        assert table.returncode == 0, table.stderr
+        assert "exact" in table.stdout and "base - exact" in table.stdout
+        missing = _report("nope", path, tiny_artifact, prefix)
         assert missing.returncode == 2 and "no experiment 'nope'" in missing.stderr
         assert "Traceback" not in missing.stderr
+
+
+def _report(
+    experiment: str, path: Path, artifact: Path, prefix: str, *more: str
+) -> subprocess.CompletedProcess[str]:
+    """`dcmc experiment report` of the experiment over the shared Redis under `prefix`."""
+    argv = [
+        DCMC,
+        "experiment",
+        "report",
+        experiment,
+        "--experiments",
+        str(path),
+        "--artifacts",
+        str(artifact),
+    ]
+    argv += ["--redis", REDIS_URL, "--prefix", prefix, *more]
+    return subprocess.run(argv, capture_output=True, text=True)
 
 
 def test_a_bad_experiments_file_stops_start_up_with_one_line(tiny_artifact: Path, tmp_path: Path) -> None:
