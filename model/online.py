@@ -213,6 +213,7 @@ class FoldIn:
             )
         self._lock = threading.Lock()
         self._stacked = stacked_decoder(network.bilinear)  # the decoder never changes online: stacked once
+        scorer.prepare()  # what answers read for every user, before the state is served
         self.state = OnlineState(
             network,
             self._base,
@@ -416,6 +417,7 @@ class FoldIn:
         known = _same_known(scorer, known)
         applied = old.applied + len(ratings)
         items_changed = len(changed_items) > 0 or len(self._items) > len(old.embedded)
+        scorer.prepare()  # what answers read for every user, before the state is served
         self.state = OnlineState(
             network,
             known,
@@ -617,6 +619,7 @@ class FoldIn:
         self._bias = BiasModel(
             float(a["mu"][0]), a["user_biases"].copy(), a["item_biases"].copy(), USER_SHRINK, ITEM_SHRINK
         )
+        scorer.prepare()  # what answers read for every user, before the state is served
         self.state = OnlineState(
             network,
             known,

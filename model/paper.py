@@ -152,6 +152,9 @@ class PaperScorer:
         """Nothing that the ratings do not give back: the partitions are drawn again."""
         return {}
 
+    def prepare(self) -> None:
+        """Nothing to prepare: each query's block CRFs are built for it."""
+
     def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
         """The block CRFs' answers average random partitions: no term per known rating to take out."""
         raise CannotExplain(NO_TERMS.format(mode="paper"))

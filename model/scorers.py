@@ -19,10 +19,12 @@ import numpy as np
 
 from model.artifact import Artifact, StoredField
 from model.config import ConfigError, InferenceConfig, ModelConfig, resolve_crf
-from model.engine import Network
-from model.exact import ExactParts, ExactScorer, RowParts
+from model.engine import Network, log_softmax
+from model.exact import ExactParts, ExactScorer, RowParts, direct
 from model.exact.baseline import baseline_mixture
 from model.exact.explain import NO_TERMS, CannotExplain, Explanation, explain_mean
+from model.exact.posterior import LOG_FLOOR
+from model.exact.scorer import query_vectors
 from model.paper import PaperScorer
 from model.ratings import Ratings
 from model.types import FloatArray, IntArray
@@ -85,6 +87,11 @@ class Scorer(Protocol):
         """What `updated` built that the ratings do not give back, for a snapshot (plain arrays)."""
         ...
 
+    def prepare(self) -> None:
+        """Compute what answering will read for every user, before the scorer answers (a served state, at
+        fold-in time); a scorer answers the same without it."""
+        ...
+
     def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
         """Which `k` known ratings moved each prediction (user, items[q]) most, by how much; CannotExplain
         where the mode's answers are not a sum of one term per known rating."""
@@ -137,6 +144,9 @@ class NetworkScorer:
         """Nothing built online."""
         return {}
 
+    def prepare(self) -> None:
+        """Nothing to prepare: a query reads the network alone."""
+
     def explain(self, user: int, items: IntArray, k: int) -> list[Explanation]:
         """The network alone reads no known rating."""
         raise CannotExplain(NO_TERMS.format(mode="none"))
@@ -167,6 +177,18 @@ class MeanScorer:
         self.members = tuple(members)
         self.levels = levels
         self.blocking = any(m.blocking for m in self.members)
+        self.users: FloatArray | None = None
+        """`prepare`'s table of every user's query vectors over the members (`query_vectors`), or None."""
+
+    def _fused(self) -> list[ExactScorer] | None:
+        """The members, when each has a fused path (`exact` with clamped known entries)."""
+        exact = [m for m in self.members if isinstance(m, ExactScorer) and m.kernel.known == "clamped"]
+        return exact if len(exact) == len(self.members) else None
+
+    def prepare(self) -> None:
+        """Every user's query vectors of every member in one table (`query_vectors`), when they fit."""
+        exact = self._fused()
+        self.users = None if exact is None else query_vectors(exact)
 
     def predict(self, rows: IntArray, cols: IntArray, query_probs: FloatArray | None = None) -> FloatArray:
         """The members' final distributions, averaged (a new array: a member may hand back `query_probs`)."""
@@ -213,18 +235,30 @@ class MeanScorer:
         """`unmixed` by each member's fused path: every member's item products and the decoder's scores
         in one matrix product (the members share the network), then each member's loop; None when a
         member has no fused path."""
-        exact = [m for m in self.members if isinstance(m, ExactScorer)]
-        if len(exact) < len(self.members) or any(m.kernel.known != "clamped" for m in exact):
+        exact = self._fused()
+        if exact is None:
             return None
         cols = np.asarray(cols, dtype=np.int64)
         first = exact[0]
-        vectors = [m.vectors(user) for m in exact]
-        read = np.take(first.item_lifted, cols, axis=0) @ np.vstack([*vectors, first.probe(user)]).T
+        if self.users is not None and user < len(self.users):
+            # The user's vectors as `prepare` read them; only a same-user term is added per query.
+            vectors, at = [], 0
+            for m in exact:
+                rows = m.field_rows
+                vectors.append(m.vectors(user, self.users[user, at : at + rows].copy()))
+                at += rows
+            read = first.read(cols, np.vstack([*vectors, self.users[user, at:]]))
+        else:
+            vectors = [m.vectors(user) for m in exact]
+            read = first.read(cols, np.vstack([*vectors, first.probe(user)]))
         scores = read[:, -len(first.compat) :] * first.network.item_norms[cols][:, None]
+        # Wide queries (a row over the catalogue) share the scores' floored log-softmax.
+        wide = direct.WIDE * len(cols) >= first.network.n_items
+        log_scores = np.maximum(log_softmax(scores), LOG_FLOOR) if wide else None
         answers = []
         at = 0
         for member, vec in zip(exact, vectors, strict=True):
-            answered = member.answer(user, cols, read[:, at : at + len(vec)], scores)
+            answered = member.answer(user, cols, read[:, at : at + len(vec)], scores, log_scores)
             at += len(vec)
             assert answered is not None  # clamped known entries
             answers.append(answered)

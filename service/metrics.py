@@ -54,8 +54,7 @@ class Metrics:
         self.user_rows = Counter(
             "dcmc_user_rows",
             "Requests answered from a user's cached catalogue row (hit; stale_hit: a row of an earlier "
-            "state, within DCMC_ANSWER_STALENESS_S), that computed one (fill), or from row parts "
-            "(parts_hit, parts_fill).",
+            "state, within DCMC_ANSWER_STALENESS_S), or that computed one (fill).",
             ["event"],
             registry=self.registry,
         )

@@ -1,6 +1,5 @@
-"""Per-worker caches of users' answers over the whole catalogue: `UserRows` (a model state's rows, bought
-like a ski rental) and `UserParts` (the part of a user's answers that other users' ratings leave as it is,
-valid across states). service/scoring.py reads and fills them."""
+"""The per-worker cache of users' answers over the whole catalogue: `UserRows` (a model state's rows, bought
+like a ski rental). service/scoring.py reads and fills it."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.exact import RowParts, baseline_mixture
+from model.exact import baseline_mixture
 from model.online import OnlineState
 
 
@@ -56,10 +55,17 @@ class UserRows:
     users' ratings reach a cached answer within `max_age_s`, the user's own at once. With `max_age_s` 0
     every answer is of the newest state, and a new state empties the cache.
 
-    A row is computed as a ski rental buys (`admit`): once the user's misses have computed as many entries
-    as the row holds (counted per state where rows last one state). A user who keeps coming back gets a
-    row after a few requests, and a new one on the first miss after it aged out; when states last a
-    fraction of a second and rows with them, misses stay cheaper than rows that would die unread."""
+    A row is computed as a ski rental buys (`admit`): once the user's misses have cost what the row costs
+    (counted per state where rows last one state), or less while rows measurably pay back: with H hits a
+    row on average (over the last PAYBACK_FILLS rows or more, each hit saving about a miss), a row is
+    bought once the misses cost row / (H miss) of it, never later than at the full price. A user who
+    keeps coming back gets a row after a few requests (after one or two where rows are read dozens of
+    times, as when a few thousand users come back within the rows' lifetime), and a new one on the first
+    miss after it aged out; when states last a fraction of a second and rows with them, rows die unread,
+    H falls and misses stay cheaper."""
+
+    PAYBACK_FILLS = 32
+    """Rows filled before their hits move the price (and the window the counts are halved over)."""
 
     def __init__(self, max_bytes: int, max_age_s: float = 0.0) -> None:
         self.max_bytes = max_bytes
@@ -67,9 +73,16 @@ class UserRows:
         self._newest = -1  # `applied` of the newest state seen
         # user -> (its state's `applied`, the user's version there, the state's `published`, the row)
         self._rows: OrderedDict[int, tuple[int, tuple[int, int], float, UserRow]] = OrderedDict()
-        self._missed: dict[int, int] = {}  # user -> entries its misses computed (in this state, at max_age 0)
+        self._missed: dict[int, float] = {}  # user -> what its misses cost (in this state, at max_age 0)
         self._bytes = 0
         self._lock = threading.Lock()
+        self._hits = 0.0  # hits and fills of rows, halved every PAYBACK_FILLS fills past the first window
+        self._fills = 0.0
+
+    @property
+    def hits_per_fill(self) -> float:
+        """Hits a filled row has had on average lately (0 before PAYBACK_FILLS fills)."""
+        return self._hits / self._fills if self._fills >= self.PAYBACK_FILLS else 0.0
 
     def _seen(self, state: OnlineState) -> bool:
         """Whether `state` is the newest seen, after moving on to it when it is newer (states only grow: a
@@ -94,11 +107,13 @@ class UserRows:
             applied, version, published, row = held
             if applied == state.applied:
                 self._rows.move_to_end(user)
+                self._hits += 1
                 return row, False
             if applied > state.applied or exact:
                 return None
             if time.monotonic() - published <= self.max_age_s and version == state.user_version(user):
                 self._rows.move_to_end(user)
+                self._hits += 1
                 return row, True
             del self._rows[user]  # it answers in no later state either
             self._bytes -= row.nbytes
@@ -106,17 +121,20 @@ class UserRows:
                 self._missed[user] = 1 << 62
             return None
 
-    def admit(self, state: OnlineState, user: int, entries: int, size: int) -> bool:
-        """Whether a miss of `user` in `state` that asks for `entries` should compute and keep the whole
-        row of `size` entries instead: when the user's earlier misses and this one add up to the row's
-        size (else this miss is counted and answered alone)."""
+    def admit(self, state: OnlineState, user: int, cost: float, row_cost: float) -> bool:
+        """Whether a miss of `user` in `state` that costs `cost` should compute and keep the whole row,
+        which costs `row_cost` (in one unit: seconds, or entries), instead: when the user's earlier misses
+        and this one add up to the row's price (`UserRows`: the row's cost, less while rows pay back);
+        else this miss is counted and answered alone."""
         if self.max_bytes <= 0:
             return False
         with self._lock:
             if not self._seen(state):
                 return False
-            spent = self._missed.get(user, 0) + entries
-            if spent >= size:
+            spent = self._missed.get(user, 0) + cost
+            saved = self.hits_per_fill * cost  # what a row has saved lately, in misses like this one
+            price = row_cost if saved <= row_cost else row_cost * row_cost / saved
+            if spent >= price:
                 return True
             if len(self._missed) >= 1_000_000:  # bounded even under a scan of many users
                 self._missed.clear()
@@ -135,61 +153,13 @@ class UserRows:
             self._rows[user] = (state.applied, state.user_version(user), state.published, row)
             self._missed.pop(user, None)
             self._bytes += row.nbytes
+            self._fills += 1
+            if self._fills >= 2 * self.PAYBACK_FILLS:  # the recent rows count most
+                self._fills /= 2
+                self._hits /= 2
             while self._bytes > self.max_bytes:
                 _, old = self._rows.popitem(last=False)
                 self._bytes -= old[3].nbytes
 
     def __len__(self) -> int:
         return len(self._rows)
-
-
-class UserParts:
-    """Users' `RowParts` (model/exact/scorer.py: the decoder's scores and the row terms over the whole
-    catalogue), least recently used first out, within `max_bytes`. Unlike a `UserRows` row they outlive
-    model states: each is kept with the user's version (`OnlineState.user_version`) and read while it
-    holds, so a rating of another user leaves it valid. An answer from them reads the field and the column
-    terms of its state anew (`ExactScorer.from_parts`)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._parts: OrderedDict[int, tuple[tuple[int, int], RowParts]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, state: OnlineState, user: int) -> tuple[RowParts | None, RowParts | None]:
-        """(the user's parts if held and valid in `state`, else None; else the user's parts of an earlier
-        state with the same items, which `ExactScorer.row_parts(previous=)` updates by the user's changed
-        ratings, or None)."""
-        with self._lock:
-            held = self._parts.get(user)
-            if held is None:
-                return None, None
-            version = state.user_version(user)
-            if held[0] == version:
-                self._parts.move_to_end(user)
-                return held[1], None
-            same_items = held[0][1] == version[1] and held[0][0] < version[0]
-            return None, held[1] if same_items else None
-
-    def put(self, state: OnlineState, user: int, parts: RowParts) -> None:
-        """Keep the user's parts of `state` (replacing older ones), dropping the least recently used beyond
-        `max_bytes`; not when the user's version moved on since `state`."""
-        with self._lock:
-            if parts.nbytes > self.max_bytes:
-                return
-            version = state.user_version(user)
-            held = self._parts.pop(user, None)
-            if held is not None:
-                self._bytes -= held[1].nbytes
-                if held[0] > version:  # a newer one is kept (states only grow)
-                    self._parts[user] = held
-                    self._bytes += held[1].nbytes
-                    return
-            self._parts[user] = (version, parts)
-            self._bytes += parts.nbytes
-            while self._bytes > self.max_bytes:
-                _, (_, old) = self._parts.popitem(last=False)
-                self._bytes -= old.nbytes
-
-    def __len__(self) -> int:
-        return len(self._parts)

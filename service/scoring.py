@@ -4,7 +4,7 @@ Everything per model is prepared once at start-up: the verified artifact and the
 mode (model/scorers.py: the `paper` mode's partitions, or the `exact` mode's known field and tables). The
 online ratings (service/online.py, in Redis) are then replayed and followed: each one updates this
 worker's model (model/online.py). A request reads the current model state once and scores its entries,
-from a user's cached row or row parts where it can (service/rows.py).
+from a user's cached row where it can (service/rows.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from model.artifact import Artifact
 from model.catalogue import ItemChange, ItemRecord
 from model.config import InferenceConfig
 from model.engine import OnnxNetwork, expected_rating
-from model.exact import RowParts, baseline_mixture, level_distribution
+from model.exact import baseline_mixture, level_distribution
 from model.ids import UnknownIdError
 from model.online import FoldIn, OnlineState
 from model.ratings import Ratings
@@ -37,21 +37,51 @@ from service.memory import release_memory
 from service.metrics import Metrics
 from service.online import Durability, NotDurable, RatingLog
 from service.replication import FoldInFailed, Replica, changes_of, dismissals_of, entries_of
-from service.rows import UserParts, UserRow, UserRows
+from service.rows import UserRow, UserRows
 from service.settings import Settings, inference_overrides
 from service.snapshot import SnapshotStore, fingerprint
 
 log = logging.getLogger(__name__)
 
-PARTS_ANSWER_ENTRIES = 400
-"""What an answer from row parts costs besides its items, in items' worth: on ML-100K in process, 100
-items 0.085 ms and the whole catalogue (1,682) 0.36 ms, so about 0.17 us an item and 0.068 ms (~390
-items) a call."""
+MISS_FIXED_ITEMS = 40
+"""What a miss costs besides its items, in items' worth, for the ski rental's estimate of a miss from the
+measured ones (`Costs`): on ML-100K in process (two settings averaged, the fused path) 10 items 0.11 ms
+and 100 items 0.30 ms, so about 2.1 us an item and 0.085 ms (~40 items) a call."""
 
-FUSED_ANSWER_ENTRIES = 150
-"""What a miss answered by the fused path (`Scorer.answer`) costs besides its items, in items' worth: on
-ML-100K in process (two settings averaged), 10 items 0.31 ms, 100 items 0.51 ms and 1,000 items 1.86 ms,
-so about 1.7 us an item and 0.29 ms (~150 items) a call."""
+
+class Costs:
+    """What this worker's misses and rows have cost lately, measured (moving averages of seconds): the
+    ski rental's prices (`UserRows.admit`), whatever the machine, the artifact and the path that answered.
+    A miss is estimated per item (with MISS_FIXED_ITEMS for its fixed part); until one is measured, a
+    row is priced as 17 misses of 100 items."""
+
+    def __init__(self, per_item: float = 0.0, row: float = 0.0, learning: bool = True) -> None:
+        self.per_item = per_item  # seconds a miss costs per item (MISS_FIXED_ITEMS more a call)
+        self.row = row  # seconds a row costs
+        self.learning = learning
+        """Whether measured misses and rows move the prices (set prices stay: a test's)."""
+
+    def miss(self, items: int) -> float:
+        """The estimated seconds of a miss asking for `items`."""
+        return self.per_item * (items + MISS_FIXED_ITEMS)
+
+    def row_price(self) -> float:
+        """The estimated seconds of a row over the catalogue."""
+        return self.row if self.row > 0 else self.per_item * 17 * (100 + MISS_FIXED_ITEMS)
+
+    def missed(self, items: int, seconds: float) -> None:
+        """Count a measured miss."""
+        if not self.learning:
+            return
+        rate = seconds / (items + MISS_FIXED_ITEMS)
+        self.per_item = rate if self.per_item <= 0 else 0.95 * self.per_item + 0.05 * rate
+
+    def filled(self, seconds: float) -> None:
+        """Count a measured row."""
+        if not self.learning:
+            return
+        self.row = seconds if self.row <= 0 else 0.9 * self.row + 0.1 * seconds
+
 
 EXPLAIN_BYTES = 64 * 2**20
 """Memory an explanation takes at most per call into the scorer: each explained item reads its similarities
@@ -157,17 +187,9 @@ class ServedModel:
         )
         self._row_hit, self._row_fill = metrics.user_rows.labels("hit"), metrics.user_rows.labels("fill")
         self._row_stale_hit = metrics.user_rows.labels("stale_hit")
-        self.parts = UserParts(int(settings.user_parts_mb * 2**20) if modes == {"exact"} else 0)
-        # Whether a row is made from the user's row parts (`_row`), which the ski rental counts in.
-        self.rows_from_parts = (
-            self.parts.max_bytes > 0
-            and modes == {"exact"}
-            and all(inference.kernel.known == "clamped" for inference in self.inferences)
-        )
         # Whether a miss is answered by the scorer's fused path (`Scorer.answer`: exact, clamped).
         self.fused = modes == {"exact"} and all(i.kernel.known == "clamped" for i in self.inferences)
-        self._parts_hit = metrics.user_rows.labels("parts_hit")
-        self._parts_fill = metrics.user_rows.labels("parts_fill")
+        self.costs = Costs()  # the ski rental's prices, measured
         # Per-model precomputation (the mode's scorer: partitions, known field, tables), once, here.
         start = time.perf_counter()
         self.fold = FoldIn(
@@ -181,6 +203,7 @@ class ServedModel:
         state = self.fold.state
         if state.known.n_users and state.network.n_items:
             state.scorer.answer(0, np.zeros(1, dtype=np.int64))
+            self._calibrate(state)
         source = getattr(self.fold.state.scorer, "field_source", None)
         log.info(
             "model %s ready in %.2fs (inference %s%s%s; fold-in refines %s)",
@@ -568,6 +591,17 @@ class ServedModel:
         held.update(online)
         return [(self.item_id(j), float(v), j in online) for j, v in sorted(held.items())]
 
+    def _calibrate(self, state: OnlineState) -> None:
+        """The ski rental's first prices (`Costs`): one miss of 100 items and one row, timed (their
+        answers thrown away), before the worker takes traffic."""
+        items = np.arange(min(100, state.known.n_items), dtype=np.int64)
+        start = time.perf_counter()
+        if self._answer(state, 0, items) is None:
+            self._predict(state, 0, items)
+        self.costs.missed(len(items), time.perf_counter() - start)
+        if self.rows.max_bytes > 0:
+            self._row(state, 0, keep=False)
+
     def _cached_row(self, state: OnlineState, user: int, exact: bool) -> UserRow | None:
         """The user's cached row that answers in `state` (`UserRows.get`), counted."""
         held = self.rows.get(state, user, exact)
@@ -591,20 +625,17 @@ class ServedModel:
         up to DCMC_ANSWER_STALENESS_S late) unless `exact`."""
         state = state or self.fold.state  # one consistent model for the whole request
         row = self._cached_row(state, user, exact)
-        # Counted in items' worth, the ski rental compares like with like: a miss answered by the fused path
-        # costs a fixed part besides its items (FUSED_ANSWER_ENTRIES), one answered from parts another
-        # (PARTS_ANSWER_ENTRIES), and so does a row made from parts.
-        extra = PARTS_ANSWER_ENTRIES if self.rows_from_parts else 0
-        miss = len(items) + (FUSED_ANSWER_ENTRIES if self.fused else extra)
-        if row is None and self.rows.admit(state, user, miss, state.known.n_items + extra):
+        # In seconds as this worker measured them, the ski rental compares like with like, whatever path
+        # answers (`Costs`).
+        costs = self.costs
+        if row is None and self.rows.admit(state, user, costs.miss(len(items)), costs.row_price()):
             row = self._row(state, user)
             self._row_fill.inc()
         if row is None:
-            return (
-                self._answer(state, user, items)
-                or self._from_parts(state, user, items)
-                or self._predict(state, user, items)
-            )
+            start = time.perf_counter()
+            answered = self._answer(state, user, items) or self._predict(state, user, items)
+            costs.missed(len(items), time.perf_counter() - start)
+            return answered
         # Each gather from a row is a cache miss per item (rows outgrow the CPU's caches): only what is read.
         fallback = row.fallback[items] if row.any_fallback else np.zeros(len(items), dtype=bool)
         return row.ratings[items], row.distributions(items) if distributions else None, fallback
@@ -626,40 +657,6 @@ class ServedModel:
         ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
         return ratings, dist, fallback
 
-    def _from_parts(
-        self, state: OnlineState, user: int, items: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """`_predict` from the user's `RowParts` (`UserParts`: computed and kept on a miss), or None where
-        the scorer has none (not `exact` with clamped known entries, or the cache off)."""
-        scorer = state.scorer
-        parts = self._parts(state, user)
-        if parts is None:
-            return None
-        with self._engine_lock:
-            dist, baseline = scorer.from_parts(parts, items)
-        if baseline is not None:
-            dist = baseline_mixture(dist, baseline, self.levels, scorer.baseline_weight)
-        fallback = ~state.embedded[items]
-        self._fall_back(state, user, items, fallback, dist)
-        ratings = np.clip(expected_rating(dist, self.levels), self.levels[0], self.levels[-1])
-        return ratings, dist, fallback
-
-    def _parts(self, state: OnlineState, user: int) -> RowParts | None:
-        """The user's `RowParts` in `state` (`UserParts`: computed and kept on a miss), or None where the
-        scorer has none (not `exact` with clamped known entries, or the cache off)."""
-        if self.parts.max_bytes <= 0:
-            return None
-        parts, previous = self.parts.get(state, user)
-        if parts is not None:
-            self._parts_hit.inc()
-            return parts
-        with self._engine_lock:
-            parts = state.scorer.row_parts(user, previous)
-        if parts is not None:
-            self.parts.put(state, user, parts)
-            self._parts_fill.inc()
-        return parts
-
     @property
     def blocking(self) -> bool:
         """Whether a query costs tens of milliseconds (the mode's scorer says): routes run it off the
@@ -676,20 +673,21 @@ class ServedModel:
             self._row_fill.inc()
         return row.ratings
 
-    def _row(self, state: OnlineState, user: int) -> UserRow:
+    def _row(self, state: OnlineState, user: int, keep: bool = True) -> UserRow:
+        """The user's row in `state`, kept in the cache unless not `keep`."""
         items = np.arange(state.known.n_items, dtype=np.int64)
         fallback = ~state.embedded[items]
         scorer = state.scorer
         weight = 0.0
         # Unmixed: the expected rating of (1 - w) Q + w B is (1 - w) E[Q] + w clip(b), B's expectation,
-        # so the row needs no mixed (items, p) array; reads of its distributions mix theirs. From the
-        # user's row parts where there are some: the same numbers, in float64, at about a third the cost.
-        parts = self._parts(state, user)
+        # so the row needs no mixed (items, p) array; reads of its distributions mix theirs. By the fused
+        # path where the scorer has one (its whole-catalogue form: matrix products over whole lines).
+        start = time.perf_counter()
         with self._engine_lock:
-            if parts is not None:
-                dist, baseline = scorer.from_parts(parts, items)
-            else:
-                dist, baseline = scorer.unmixed(np.full(len(items), user, dtype=np.int64), items)
+            answered = scorer.answer(user, items) if self.fused else None
+            if answered is None:
+                answered = scorer.unmixed(np.full(len(items), user, dtype=np.int64), items)
+        dist, baseline = answered
         ratings = expected_rating(dist, self.levels)
         if baseline is not None:
             weight = scorer.baseline_weight
@@ -701,7 +699,9 @@ class ServedModel:
             if a is not None:
                 a.flags.writeable = False
         row = UserRow(ratings, dist, fallback, bool(fallback.any()), baseline, weight, self.levels)
-        self.rows.put(state, user, row)
+        self.costs.filled(time.perf_counter() - start)
+        if keep:
+            self.rows.put(state, user, row)
         return row
 
     def _fall_back(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -19,6 +19,7 @@ from model.config import Crf, KernelSettings, OutputSettings
 from model.engine import (
     Network,
     compatibility_matrix,
+    in_order,
     one_row,
     row_products,
 )
@@ -155,6 +156,39 @@ class ExactParts:
         return self._biases[key]
 
 
+USER_TABLE_MAX_BYTES = 64 * 2**20
+"""The largest table of every user's query vectors (`query_vectors`) a state keeps: 16.5 MB on ML-100K
+with two settings averaged; an ml-10m- or Epinions-shaped artifact (tens of thousands of users) computes
+each user's vectors per query instead."""
+
+
+def query_vectors(members: Sequence[ExactScorer]) -> FloatArray | None:
+    """(n, Q, D): for every user, each member's field vectors (a_user^T G_u of its levels, the normaliser's
+    after them under `normalized`: `ExactScorer.vectors` without the same-user term) one member after the
+    other, then the decoder's probe (`ExactScorer.probe`); None when it would exceed USER_TABLE_MAX_BYTES.
+    Two matrix products over the user table per member: the numbers of `vectors` and `probe` to rounding.
+    The members share one network."""
+    first = members[0]
+    net = first.network
+    n, width = first.user_lifted.shape
+    p, d = net.bilinear.shape[0], net.bilinear.shape[1]
+    rows = sum(m.field_rows for m in members) + p
+    if n * rows * width * 8 > USER_TABLE_MAX_BYTES:
+        return None
+    out = np.empty((n, rows, width))
+    at = 0
+    for member in members:
+        stacked = member.field.stacked(member.kernel.scaling == "normalized")  # (L, D, D)
+        levels = len(stacked)
+        flat = np.ascontiguousarray(stacked.transpose(1, 0, 2)).reshape(width, levels * width)
+        out[:, at : at + levels] = (first.user_lifted @ flat).reshape(n, levels, width)
+        at += levels
+    decoder = np.ascontiguousarray(net.bilinear.transpose(1, 0, 2)).reshape(d, p * d)
+    out[:, at:, 0] = 0.0
+    out[:, at:, 1:] = (np.asarray(net.user_emb, dtype=np.float64) @ decoder).reshape(n, p, d) * np.sqrt(2.0)
+    return out
+
+
 @dataclass(frozen=True)
 class RowParts:
     """The part of one user's answers that other users' ratings leave as it is (`ExactScorer.row_parts`):
@@ -201,6 +235,8 @@ class ExactScorer:
         if parts is not None and (parts.network is not network or parts.known is not known):
             raise ValueError("the parts belong to another network or other known ratings")
         self.parts = parts
+        self.users: FloatArray | None = None
+        """`prepare`'s table of every user's query vectors (`query_vectors`), or None."""
         if parts is not None:
             self.user_lifted, self.item_lifted = parts.user_lifted, parts.item_lifted
         else:
@@ -274,7 +310,7 @@ class ExactScorer:
         items = np.empty(0, dtype=np.int64) if items is None else np.asarray(items, dtype=np.int64)
         users = np.asarray(users, dtype=np.int64)
         new = copy.copy(self)
-        new.network, new.known, new.parts = network, known, None
+        new.network, new.known, new.parts, new.users = network, known, None, None
         new.user_lifted, new.item_lifted = network.user_lifted, network.item_lifted
         new.lines = new._lines(self.lines)
         stored = dict(tables or {})
@@ -624,17 +660,35 @@ class ExactScorer:
         result: FloatArray = out
         return result
 
-    def vectors(self, user: int) -> FloatArray:
+    def prepare(self) -> None:
+        """Every user's query vectors (`query_vectors`) in one matrix product, when they fit: what a fused
+        answer (`answer`) reads for its user instead of the field's and the decoder's whole matrices."""
+        self.users = query_vectors([self]) if self.kernel.known == "clamped" else None
+
+    def vectors(self, user: int, table: FloatArray | None = None) -> FloatArray:
         """What one user's messages read per item: vec (p [+ 1], D) with forms[k] = b_{cols[k]} . vec, the
         field's levels (a_user^T G_u) and the same-user term (lambda_u sum over the user's l of C[label_l]
-        b_{j_l}), the normaliser's row last under `normalized` (`answer`)."""
+        b_{j_l}), the normaliser's row last under `normalized` (`answer`). `table`: the field's part, read
+        from `query_vectors` (a new array)."""
         f, lines, known = self.field, self.lines, self.known
         normalized = self.kernel.scaling == "normalized"
-        vec: FloatArray = np.matmul(self.user_lifted[user], f.stacked(normalized))
+        vec: FloatArray = np.matmul(self.user_lifted[user], f.stacked(normalized)) if table is None else table
         if lines is not None and lines.same_user > 0 and user < known.n_users:
             assert isinstance(f.t, ClampedRows)  # `answer`: clamped known entries
-            vec = vec + lines.same_user * lines.user_sums(user, f.t, self.item_lifted, normalized)
+            vec += lines.same_user * lines.user_sums(user, f.t, self.item_lifted, normalized)
         return vec
+
+    @property
+    def field_rows(self) -> int:
+        """How many rows `vectors` has: p, and the normaliser's under `normalized`."""
+        return len(self.field.g) + int(self.kernel.scaling == "normalized")
+
+    def read(self, cols: IntArray, vectors: FloatArray) -> FloatArray:
+        """b_{cols[k]} . vectors[u]: (K, q), float64; the whole item table in order read as it is."""
+        b = self.item_lifted
+        rows = b if in_order(cols, len(b)) else np.take(b, cols, axis=0)
+        out: FloatArray = rows @ vectors.T
+        return out
 
     def probe(self, user: int) -> FloatArray:
         """(p, D): b_j . probe[u] |item_emb_j| = the decoder's score u^T B_l v_j (`user_distributions`)."""
@@ -651,19 +705,26 @@ class ExactScorer:
         cols: IntArray,
         forms: FloatArray | None = None,
         scores: FloatArray | None = None,
+        log_scores: FloatArray | None = None,
     ) -> tuple[FloatArray, FloatArray | None] | None:
         """`unmixed` of one user's queries (user, cols[k]), fused (model/exact/direct.py): the same numbers
         to rounding, in float64, without the catalogue-wide work of `row_parts`. `forms` (K, p [+ 1]):
         b_{cols[k]} . `vectors(user)`, and `scores` (K, p) the decoder's, when the caller read them (a mean
         of settings reads every member's in one product). None when the known entries are not clamped
-        (their distributions then follow the network: `unmixed` answers)."""
+        (their distributions then follow the network: `unmixed` answers). `log_scores`: the scores'
+        floored log-softmax, when the caller has it (`direct.member_answer`)."""
         lines, known = self.lines, self.known
         if self.kernel.known != "clamped":
             return None
         cols = np.asarray(cols, dtype=np.int64)
         if forms is None or scores is None:
-            vec, probe = self.vectors(user), self.probe(user)
-            read = np.take(self.item_lifted, cols, axis=0) @ np.vstack([vec, probe]).T
+            rows = self.field_rows
+            if self.users is not None and user < len(self.users):
+                held = self.users[user]
+                vec, probe = self.vectors(user, held[:rows].copy()), held[rows:]
+            else:
+                vec, probe = self.vectors(user), self.probe(user)
+            read = self.read(cols, np.vstack([vec, probe]))
             forms, scores = read[:, : len(vec)], read[:, len(vec) :] * self.network.item_norms[cols][:, None]
         rated = columns = None
         prior = 0.0
@@ -692,6 +753,8 @@ class ExactScorer:
             self.kernel.scaling == "normalized",
             self.field.scale if self.kernel.scaling == "scaled" else 1.0,
             prior,
+            self.network.n_items,
+            log_scores,
         )
         if self.biases is None:
             return dist, None

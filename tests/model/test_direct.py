@@ -186,3 +186,51 @@ def test_a_predicted_field_has_no_fused_answer(artifact: Artifact) -> None:
         artifact, {**_overrides("normalized", (2.0, 0.0, 0.0, 0.0), 0.0), "kernel.known": "predicted"}
     )[0]
     assert state.scorer.answer(0, np.arange(5)) is None
+
+
+def test_prepared_vectors_are_the_computed_ones(states: dict[str, list[OnlineState]]) -> None:
+    for scaling in SCALINGS:
+        scorer = states[scaling][1].scorer  # a FoldIn state: prepared
+        assert isinstance(scorer, ExactScorer) and scorer.users is not None
+        rows = scorer.field_rows
+        for user in (0, 3, scorer.known.n_users - 1):
+            held = scorer.users[user]
+            from_table = scorer.vectors(user, held[:rows].copy())
+            np.testing.assert_allclose(from_table, scorer.vectors(user), atol=1e-12)
+            np.testing.assert_allclose(held[rows:], scorer.probe(user), atol=1e-12)
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_wide_queries_equal_the_reference(states: dict[str, list[OnlineState]], prepared: bool) -> None:
+    """Queries over a quarter of the catalogue or more (a user's row) take the matrix-product path: the
+    whole catalogue in order, and a shuffled half of it with repeats."""
+    rng = np.random.default_rng(4)
+    for scaling in SCALINGS:
+        for state in states[scaling]:
+            scorer = state.scorer
+            assert isinstance(scorer, ExactScorer)
+            if not prepared:
+                scorer = _with_item_table(scorer, scorer.lines.affinity if scorer.lines else None)
+                scorer.users = None
+            m = state.network.n_items
+            for user in (0, state.known.n_users - 1):
+                _check(scorer, user, np.arange(m, dtype=np.int64))
+                _check(scorer, user, rng.integers(0, m, max(m // 2, 1)))
+
+
+def test_a_prepared_mean_answers_as_an_unprepared_one(artifact: Artifact) -> None:
+    state = _online(artifact, _overrides("normalized", (1.0, 0.0, 3.0, 5.0), 0.0))[1]
+    other = artifact.inference.with_overrides(_overrides("normalized", (0.0, 0.5, 2.0, 2.0), 0.0))
+    second = build_scorer(state.network, state.known, other)
+    mean = MeanScorer([state.scorer, second], state.network.levels)
+    prepared = MeanScorer([state.scorer, second], state.network.levels)
+    prepared.prepare()
+    assert mean.users is None and prepared.users is not None
+    rng = np.random.default_rng(5)
+    m = state.network.n_items
+    for user in rng.integers(0, state.known.n_users, 4):
+        for cols in (rng.integers(0, m, 20), np.arange(m, dtype=np.int64)):
+            _check(prepared, int(user), cols)
+            got, want = prepared.answer(int(user), cols), mean.answer(int(user), cols)
+            assert got is not None and want is not None
+            np.testing.assert_allclose(got[0], want[0], rtol=0, atol=TOLERANCE)

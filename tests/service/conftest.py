@@ -12,9 +12,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -22,8 +22,10 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.main import create_app
-from service.scoring import FUSED_ANSWER_ENTRIES, PARTS_ANSWER_ENTRIES
+from service.scoring import MISS_FIXED_ITEMS, Costs
 from service.settings import Settings
+
+T = TypeVar("T")
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 DCMC = str(Path(sys.executable).with_name("dcmc"))
@@ -52,14 +54,22 @@ def serve_argv(artifacts: Path | str, port: int, workers: int = 1) -> list[str]:
     ]
 
 
-def requests_to_fill(api: App, asked: int) -> int:
-    """How many requests of `asked` items a user makes up to the one that computes the user's row (the
-    ski rental of `UserRows.admit`: a miss the fused path answers costs `FUSED_ANSWER_ENTRIES` more, one
-    answered from row parts `PARTS_ANSWER_ENTRIES` more, and a row made from parts the latter)."""
+def set_prices(api: App, misses_per_row: int, asked: int) -> None:
+    """Fix the ski rental's prices (`service.scoring.Costs`, else measured): a row costs `misses_per_row`
+    misses of `asked` items, so a test knows which request computes it."""
     scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
-    extra = PARTS_ANSWER_ENTRIES if scorer.rows_from_parts else 0
-    miss = FUSED_ANSWER_ENTRIES if scorer.fused else extra
-    return -(-(scorer.n_items + extra) // (asked + miss))
+    scorer.costs = Costs(1.0, misses_per_row * (asked + MISS_FIXED_ITEMS), learning=False)
+
+
+def until_filled(api: App, ask: Callable[[], T], fills: int = 1) -> list[T]:
+    """`ask()` again and again until the service has computed `fills` user rows in all (the ski rental
+    of `UserRows.admit` buys one once a user's misses cost what the row does, as this worker measured
+    them): the answers, the last the one that computed it. At most 100 asks."""
+    answers = []
+    while api.metric("dcmc_user_rows_total", event="fill") < fills:
+        assert len(answers) < 100, "no row was computed after 100 misses"
+        answers.append(ask())
+    return answers
 
 
 def read_metric(client: httpx.Client | TestClient, name: str, **labels: str) -> float:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from service.rows import UserRow, UserRows
-from tests.service.conftest import App, RedisServer, requests_to_fill
+from tests.service.conftest import App, RedisServer, set_prices, until_filled
 
 TOKEN = "rows-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -56,6 +56,27 @@ def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> No
     assert len(rows) == 0
     rows.put(state, 8, _row(10))  # type: ignore[arg-type]  # a request still on the old state
     assert len(rows) == 0 and rows.get(state, 8) is None  # type: ignore[arg-type]
+
+
+def test_rows_that_pay_back_are_bought_sooner() -> None:
+    rows, state = UserRows(10**9), FakeState(0)
+    for user in range(UserRows.PAYBACK_FILLS - 1):  # one fill short of the window: the full price
+        rows.put(state, user, _row(10))  # type: ignore[arg-type]
+        for _ in range(20):
+            assert rows.get(state, user) is not None  # type: ignore[arg-type]
+    assert rows.hits_per_fill == 0
+    assert [rows.admit(state, 100, 10, 100) for _ in range(10)] == [False] * 9 + [True]  # type: ignore[arg-type]
+    rows.put(state, 99, _row(10))  # type: ignore[arg-type]
+    assert rows.hits_per_fill == pytest.approx(20 * 31 / 32)
+    # A row saves ~19.4 misses of 10 (194 > its 100): bought once misses cost 100 * 100 / 194 of it.
+    assert [rows.admit(state, 101, 10, 100) for _ in range(6)] == [False] * 5 + [True]  # type: ignore[arg-type]
+    # Misses that cost more than what rows saved: the full price again.
+    assert not rows.admit(state, 102, 60, 12_000)  # type: ignore[arg-type]
+    idle, fresh = UserRows(10**9), FakeState(0)
+    for user in range(2 * UserRows.PAYBACK_FILLS):  # rows nobody reads again: never below the price
+        idle.put(fresh, user, _row(10))  # type: ignore[arg-type]
+    assert idle.hits_per_fill == 0
+    assert [idle.admit(fresh, 500, 10, 100) for _ in range(10)] == [False] * 9 + [True]  # type: ignore[arg-type]
 
 
 def test_a_row_of_an_earlier_state_answers_while_young_and_the_users_version_holds() -> None:
@@ -118,11 +139,13 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
 ) -> None:
     with (
         _app(tiny_artifact, redis_server, answer_staleness_s=0) as api,  # every answer of the newest state
-        _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
+        _app(tiny_artifact, redis_server, user_cache_mb=0) as plain,
     ):
-        # The request whose misses add up to the catalogue computes the row; the next reads it.
-        misses = requests_to_fill(api, len(ITEMS))
-        answers = [_predict(api, "u3") for _ in range(misses + 1)]
+        # The request whose misses add up to the row's cost computes the row; the next reads it.
+        set_prices(api, 3, len(ITEMS))
+        answers = until_filled(api, lambda: _predict(api, "u3"))
+        assert len(answers) == 3
+        answers.append(_predict(api, "u3"))
         assert api.metric("dcmc_user_rows_total", event="fill") == 1
         assert api.metric("dcmc_user_rows_total", event="hit") == 1
         third = answers[-1]
@@ -143,8 +166,7 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # not answered from the old row
         plain.client.app.state.scorer.replica.catch_up()  # type: ignore[attr-defined]  # its stream reader
         np.testing.assert_allclose(after, _predict(plain, "u3"), rtol=0, atol=1e-9)
-        for _ in range(misses - 1):
-            _predict(api, "u3")
+        assert len(until_filled(api, lambda: _predict(api, "u3"), fills=2)) == 2  # `after` was the first
         np.testing.assert_allclose(_predict(api, "u3"), after, rtol=0, atol=1e-9)
         assert api.metric("dcmc_user_rows_total", event="hit") == 2
 
@@ -154,10 +176,10 @@ def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_rati
 ) -> None:
     with (
         _app(tiny_artifact, redis_server, answer_staleness_s=1.5) as api,
-        _app(tiny_artifact, redis_server, user_cache_mb=0, user_parts_mb=0) as plain,
+        _app(tiny_artifact, redis_server, user_cache_mb=0) as plain,
     ):
-        misses = requests_to_fill(api, len(ITEMS))
-        before = [_predict(api, "u3") for _ in range(misses)][-1]  # the last computed the row
+        set_prices(api, 3, len(ITEMS))  # one miss alone never buys a row
+        before = until_filled(api, lambda: _predict(api, "u3"))[-1]  # the last computed the row
         np.testing.assert_allclose(before, _predict(plain, "u3"), rtol=0, atol=1e-9)  # the state's answer
         r = api.client.post(
             "/ratings", json={"ratings": [{"user": "u9", "item": "i1", "rating": 1}]}, headers=AUTH
@@ -182,7 +204,7 @@ def test_within_the_staleness_a_row_of_an_earlier_state_answers_other_users_rati
         np.testing.assert_allclose(_predict(api, "u3"), own, rtol=0, atol=1e-9)  # not the old row
         assert api.metric("dcmc_user_rows_total", event="stale_hit") == 1
         # Past the staleness no earlier row answers: a new rating of another user, then 1.5 s.
-        for _ in range(misses):
+        for _ in range(3):  # a row of this state, if none is held
             _predict(api, "u3")
         r = api.client.post(
             "/ratings", json={"ratings": [{"user": "u8", "item": "i3", "rating": 2}]}, headers=AUTH
@@ -214,10 +236,15 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
         assert r.status_code == 200, r.text
         body = {"user": "u5", "items": ["i1", "fresh"], "distribution": True}
         wait = {"after": r.json()["last_id"]}
-        # Until the misses add up to the catalogue (51 items now: 26 requests of 2), then one from the row.
-        answers = [
-            api.client.post("/predict", json=body, params=wait).json()["predictions"] for _ in range(27)
-        ]
+
+        # Until the misses add up to the row's cost, then one from the row.
+        def ask() -> list[dict[str, object]]:
+            predictions: list[dict[str, object]] = api.client.post("/predict", json=body, params=wait).json()[
+                "predictions"
+            ]
+            return predictions
+
+        answers = [*until_filled(api, ask), ask()]
         assert api.metric("dcmc_user_rows_total", event="fill") == 1
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # the last came from the row
         for first, fresh in answers:
@@ -229,16 +256,15 @@ def test_a_cached_row_keeps_the_baseline_of_a_new_item(
         np.testing.assert_allclose(dists[-1], dists[0], rtol=0, atol=1e-6)
 
 
-def test_parts_outlive_other_users_ratings_and_answer_as_the_uncached_path(
+def test_whole_catalogue_rows_answer_as_misses_in_every_online_state(
     tiny_artifact: Path, redis_server: RedisServer
 ) -> None:
-    # A user's parts (decoder scores, row terms) stay valid while other users rate; the field and the
-    # column terms are read anew: after random writes (re-ratings, new users, a new item) every row made
-    # from them (/recommend, no row cache) equals the fused path's answers (/predict misses), and only the
-    # users who rated had theirs computed again.
+    # A row over the catalogue (/recommend, no row cache: whole lines in matrix products) equals the
+    # fused path's answers for a few items (/predict misses: loops over the queries), before and after
+    # random writes (re-ratings, new users, a new item).
     rng = np.random.default_rng(5)
     users = [f"u{k}" for k in range(0, 40, 4)]
-    clamped = {**EXACT, "kernel": {**EXACT["kernel"], "known": "clamped"}}  # parts need clamped entries
+    clamped = {**EXACT, "kernel": {**EXACT["kernel"], "known": "clamped"}}  # the fused path's
 
     def check(api: App, user: str, after: str | None) -> None:
         params = {"k": 8, **({"after": after} if after else {})}
@@ -251,7 +277,6 @@ def test_parts_outlive_other_users_ratings_and_answer_as_the_uncached_path(
     with _app(tiny_artifact, redis_server, clamped, user_cache_mb=0) as api:
         for user in users:
             check(api, user, None)
-        assert api.metric("dcmc_user_rows_total", event="parts_fill") == len(users)
         raters = ["u8", "u20", "newcomer"]
         for step in range(4):
             batch = [
@@ -269,8 +294,3 @@ def test_parts_outlive_other_users_ratings_and_answer_as_the_uncached_path(
             last = r.json()["last_id"]
             for user in users:
                 check(api, user, last)
-        hits = api.metric("dcmc_user_rows_total", event="parts_hit")
-        fills = api.metric("dcmc_user_rows_total", event="parts_fill")
-        assert hits + fills == 5 * len(users)
-        # Refilled: the two raters among them at every step, and everyone once at step 2 (a new item).
-        assert fills == len(users) + 4 * 2 + len(users) - 2
