@@ -56,16 +56,18 @@ class UserRows:
     every answer is of the newest state, and a new state empties the cache.
 
     A row is computed as a ski rental buys (`admit`): once the user's misses have cost what the row costs
-    (counted per state where rows last one state), or less while rows measurably pay back: with H hits a
-    row on average (over the last PAYBACK_FILLS rows or more, each hit saving about a miss), a row is
-    bought once the misses cost row / (H miss) of it, never later than at the full price. A user who
-    keeps coming back gets a row after a few requests (after one or two where rows are read dozens of
-    times, as when a few thousand users come back within the rows' lifetime), and a new one on the first
-    miss after it aged out; when states last a fraction of a second and rows with them, rows die unread,
-    H falls and misses stay cheaper."""
+    (counted per state where rows last one state), or on the user's second miss (a return: the first was
+    counted) while rows measurably pay back: while the last PAYBACK_FILLS rows or more had, on average,
+    hits that saved what a row costs (each hit about a miss), and, until PAYBACK_FILLS rows were filled,
+    while the budget has dropped none. A
+    user who keeps coming back gets a row on the second request, and a new one on the first miss after it
+    aged out; when rows die unread (states that last a fraction of a second, a budget that holds a few
+    rows of a large catalogue), the hits fall and rows wait for the misses to cost what they do.
+    """
 
     PAYBACK_FILLS = 32
-    """Rows filled before their hits move the price (and the window the counts are halved over)."""
+    """Rows filled before their hits decide whether a return buys one (and the window the counts are
+    halved over)."""
 
     def __init__(self, max_bytes: int, max_age_s: float = 0.0) -> None:
         self.max_bytes = max_bytes
@@ -78,6 +80,14 @@ class UserRows:
         self._lock = threading.Lock()
         self._hits = 0.0  # hits and fills of rows, halved every PAYBACK_FILLS fills past the first window
         self._fills = 0.0
+        self._evicted = False  # whether the budget ever dropped a row
+
+    def _pays_back(self, cost: float, row_cost: float) -> bool:
+        """Whether rows' hits lately saved what a row costs (misses of `cost` each): until PAYBACK_FILLS
+        rows were filled, yes unless the budget already dropped a row (a few rows of a large catalogue)."""
+        if self._fills < self.PAYBACK_FILLS:
+            return not self._evicted
+        return self._hits / self._fills * cost >= row_cost
 
     @property
     def hits_per_fill(self) -> float:
@@ -124,17 +134,18 @@ class UserRows:
     def admit(self, state: OnlineState, user: int, cost: float, row_cost: float) -> bool:
         """Whether a miss of `user` in `state` that costs `cost` should compute and keep the whole row,
         which costs `row_cost` (in one unit: seconds, or entries), instead: when the user's earlier misses
-        and this one add up to the row's price (`UserRows`: the row's cost, less while rows pay back);
-        else this miss is counted and answered alone."""
+        and this one add up to the row's cost, or this is the user's second miss while rows pay back
+        (`UserRows`); else this miss is counted and answered alone."""
         if self.max_bytes <= 0:
             return False
         with self._lock:
             if not self._seen(state):
                 return False
-            spent = self._missed.get(user, 0) + cost
-            saved = self.hits_per_fill * cost  # what a row has saved lately, in misses like this one
-            price = row_cost if saved <= row_cost else row_cost * row_cost / saved
-            if spent >= price:
+            earlier = self._missed.get(user)
+            spent = (earlier or 0) + cost
+            if spent >= row_cost:
+                return True
+            if earlier is not None and self._pays_back(cost, row_cost):  # a return, and rows pay back
                 return True
             if len(self._missed) >= 1_000_000:  # bounded even under a scan of many users
                 self._missed.clear()
@@ -160,6 +171,7 @@ class UserRows:
             while self._bytes > self.max_bytes:
                 _, old = self._rows.popitem(last=False)
                 self._bytes -= old[3].nbytes
+                self._evicted = True
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -41,8 +41,16 @@ def _row(n: int) -> UserRow:
     return UserRow(np.zeros(n), np.zeros((n, 5)), np.zeros(n, dtype=bool), False)
 
 
+def _unread(rows: UserRows, state: FakeState) -> None:
+    """PAYBACK_FILLS rows of other users that nobody reads: rows do not pay back, a return buys none."""
+    for user in range(10_000, 10_000 + UserRows.PAYBACK_FILLS):
+        rows.put(state, user, _row(10))  # type: ignore[arg-type]
+    assert rows.hits_per_fill == 0
+
+
 def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> None:
     rows, state = UserRows(10**6), FakeState(0)
+    _unread(rows, state)
     assert not rows.admit(state, 7, 40, 100)  # type: ignore[arg-type]
     assert not rows.admit(state, 7, 40, 100)  # type: ignore[arg-type]  # 80 of the row's 100 entries
     assert not rows.admit(state, 8, 90, 100)  # type: ignore[arg-type]  # each user's misses on their own
@@ -53,30 +61,33 @@ def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> No
     newer = FakeState(1)
     assert rows.get(newer, 7) is None  # type: ignore[arg-type]
     assert not rows.admit(newer, 8, 90, 100)  # type: ignore[arg-type]  # a new state: misses count anew
-    assert len(rows) == 0
+    assert len(rows) == 0  # (rows last one state here: every row went)
     rows.put(state, 8, _row(10))  # type: ignore[arg-type]  # a request still on the old state
     assert len(rows) == 0 and rows.get(state, 8) is None  # type: ignore[arg-type]
 
 
-def test_rows_that_pay_back_are_bought_sooner() -> None:
+def test_a_return_buys_a_row_while_rows_pay_back() -> None:
     rows, state = UserRows(10**9), FakeState(0)
-    for user in range(UserRows.PAYBACK_FILLS - 1):  # one fill short of the window: the full price
+    # Before any row was filled: a user's second miss buys one.
+    assert [rows.admit(state, 1, 10, 100) for _ in range(2)] == [False, True]  # type: ignore[arg-type]
+    for user in range(UserRows.PAYBACK_FILLS):  # rows read 20 times each: each saved 200 > 100
         rows.put(state, user, _row(10))  # type: ignore[arg-type]
         for _ in range(20):
             assert rows.get(state, user) is not None  # type: ignore[arg-type]
-    assert rows.hits_per_fill == 0
-    assert [rows.admit(state, 100, 10, 100) for _ in range(10)] == [False] * 9 + [True]  # type: ignore[arg-type]
-    rows.put(state, 99, _row(10))  # type: ignore[arg-type]
-    assert rows.hits_per_fill == pytest.approx(20 * 31 / 32)
-    # A row saves ~19.4 misses of 10 (194 > its 100): bought once misses cost 100 * 100 / 194 of it.
-    assert [rows.admit(state, 101, 10, 100) for _ in range(6)] == [False] * 5 + [True]  # type: ignore[arg-type]
-    # Misses that cost more than what rows saved: the full price again.
-    assert not rows.admit(state, 102, 60, 12_000)  # type: ignore[arg-type]
+    assert rows.hits_per_fill == 20
+    assert [rows.admit(state, 100, 10, 100) for _ in range(2)] == [False, True]  # type: ignore[arg-type]
+    # Misses that cost more than 1/20 of a row each: the rows' hits did not save a row's cost.
+    assert [rows.admit(state, 101, 10, 300) for _ in range(3)] == [False] * 3  # type: ignore[arg-type]
+    # Rows nobody reads again: the misses must add up to the row's cost.
     idle, fresh = UserRows(10**9), FakeState(0)
-    for user in range(2 * UserRows.PAYBACK_FILLS):  # rows nobody reads again: never below the price
-        idle.put(fresh, user, _row(10))  # type: ignore[arg-type]
-    assert idle.hits_per_fill == 0
+    _unread(idle, fresh)
     assert [idle.admit(fresh, 500, 10, 100) for _ in range(10)] == [False] * 9 + [True]  # type: ignore[arg-type]
+    # A budget that dropped a row before PAYBACK_FILLS were filled: no return buys one either.
+    small = UserRows(2 * _row(10).nbytes)
+    for user in range(3):
+        small.put(fresh, user, _row(10))  # type: ignore[arg-type]
+    assert len(small) == 2
+    assert [small.admit(fresh, 7, 10, 30) for _ in range(3)] == [False, False, True]  # type: ignore[arg-type]
 
 
 def test_a_row_of_an_earlier_state_answers_while_young_and_the_users_version_holds() -> None:
@@ -141,10 +152,11 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
         _app(tiny_artifact, redis_server, answer_staleness_s=0) as api,  # every answer of the newest state
         _app(tiny_artifact, redis_server, user_cache_mb=0) as plain,
     ):
-        # The request whose misses add up to the row's cost computes the row; the next reads it.
+        # A row costs three misses here, but the user's second request (a return, while rows pay back)
+        # computes it; the next reads it.
         set_prices(api, 3, len(ITEMS))
         answers = until_filled(api, lambda: _predict(api, "u3"))
-        assert len(answers) == 3
+        assert len(answers) == 2
         answers.append(_predict(api, "u3"))
         assert api.metric("dcmc_user_rows_total", event="fill") == 1
         assert api.metric("dcmc_user_rows_total", event="hit") == 1
@@ -166,7 +178,7 @@ def test_cached_rows_answer_as_the_uncached_path_before_and_after_a_rating(
         assert api.metric("dcmc_user_rows_total", event="hit") == 1  # not answered from the old row
         plain.client.app.state.scorer.replica.catch_up()  # type: ignore[attr-defined]  # its stream reader
         np.testing.assert_allclose(after, _predict(plain, "u3"), rtol=0, atol=1e-9)
-        assert len(until_filled(api, lambda: _predict(api, "u3"), fills=2)) == 2  # `after` was the first
+        assert len(until_filled(api, lambda: _predict(api, "u3"), fills=2)) == 1  # `after` was the first
         np.testing.assert_allclose(_predict(api, "u3"), after, rtol=0, atol=1e-9)
         assert api.metric("dcmc_user_rows_total", event="hit") == 2
 
