@@ -57,17 +57,17 @@ class UserRows:
 
     A row is computed as a ski rental buys (`admit`): once the user's misses have cost what the row costs
     (counted per state where rows last one state), or on the user's second miss (a return: the first was
-    counted) while rows measurably pay back: while the last PAYBACK_FILLS rows or more had, on average,
-    hits that saved what a row costs (each hit about a miss), and, until PAYBACK_FILLS rows were filled,
-    while the budget has dropped none. A
-    user who keeps coming back gets a row on the second request, and a new one on the first miss after it
-    aged out; when rows die unread (states that last a fraction of a second, a budget that holds a few
-    rows of a large catalogue), the hits fall and rows wait for the misses to cost what they do.
+    counted) while rows pay back: while the rows that ended lately (aged out, dropped by the budget, of an
+    old state, replaced) had, over their lives, hits that saved what a row costs (each hit about a miss).
+    Until PAYBACK_ROWS rows have ended, a return buys one unless the budget has dropped a row. A user who
+    keeps coming back gets a row on the second request, and a new one on the first miss after it aged
+    out; when rows die unread (states that last a fraction of a second, a budget that holds a few rows of
+    a large catalogue), their lifetime hits fall and rows wait for the misses to cost what they do.
     """
 
-    PAYBACK_FILLS = 32
-    """Rows filled before their hits decide whether a return buys one (and the window the counts are
-    halved over)."""
+    PAYBACK_ROWS = 32
+    """Rows that ended before their lifetime hits decide whether a return buys one (and the window their
+    counts are halved over)."""
 
     def __init__(self, max_bytes: int, max_age_s: float = 0.0) -> None:
         self.max_bytes = max_bytes
@@ -75,24 +75,34 @@ class UserRows:
         self._newest = -1  # `applied` of the newest state seen
         # user -> (its state's `applied`, the user's version there, the state's `published`, the row)
         self._rows: OrderedDict[int, tuple[int, tuple[int, int], float, UserRow]] = OrderedDict()
+        self._hits: dict[int, int] = {}  # user -> hits of the row held
         self._missed: dict[int, float] = {}  # user -> what its misses cost (in this state, at max_age 0)
         self._bytes = 0
         self._lock = threading.Lock()
-        self._hits = 0.0  # hits and fills of rows, halved every PAYBACK_FILLS fills past the first window
-        self._fills = 0.0
+        self._ended = 0.0  # rows that ended and their lifetime hits, halved every PAYBACK_ROWS past 2x
+        self._ended_hits = 0.0
         self._evicted = False  # whether the budget ever dropped a row
 
+    def _end(self, user: int) -> None:
+        """Count the end of `user`'s row (already taken out of `_rows`) with its lifetime hits."""
+        self._ended += 1
+        self._ended_hits += self._hits.pop(user, 0)
+        if self._ended >= 2 * self.PAYBACK_ROWS:  # the recent rows count most
+            self._ended /= 2
+            self._ended_hits /= 2
+
     def _pays_back(self, cost: float, row_cost: float) -> bool:
-        """Whether rows' hits lately saved what a row costs (misses of `cost` each): until PAYBACK_FILLS
-        rows were filled, yes unless the budget already dropped a row (a few rows of a large catalogue)."""
-        if self._fills < self.PAYBACK_FILLS:
+        """Whether rows that ended lately had hits that saved what a row costs (misses of `cost` each);
+        before PAYBACK_ROWS ended, yes unless the budget already dropped a row (a few rows of a large
+        catalogue)."""
+        if self._ended < self.PAYBACK_ROWS:
             return not self._evicted
-        return self._hits / self._fills * cost >= row_cost
+        return self._ended_hits / self._ended * cost >= row_cost
 
     @property
-    def hits_per_fill(self) -> float:
-        """Hits a filled row has had on average lately (0 before PAYBACK_FILLS fills)."""
-        return self._hits / self._fills if self._fills >= self.PAYBACK_FILLS else 0.0
+    def hits_per_row(self) -> float:
+        """Hits rows that ended lately had over their lives, on average (0 before PAYBACK_ROWS ended)."""
+        return self._ended_hits / self._ended if self._ended >= self.PAYBACK_ROWS else 0.0
 
     def _seen(self, state: OnlineState) -> bool:
         """Whether `state` is the newest seen, after moving on to it when it is newer (states only grow: a
@@ -102,6 +112,8 @@ class UserRows:
         if state.applied > self._newest:
             self._newest = state.applied
             if self.max_age_s <= 0:
+                for user in self._rows:
+                    self._end(user)
                 self._rows.clear()
                 self._missed.clear()
                 self._bytes = 0
@@ -117,15 +129,16 @@ class UserRows:
             applied, version, published, row = held
             if applied == state.applied:
                 self._rows.move_to_end(user)
-                self._hits += 1
+                self._hits[user] = self._hits.get(user, 0) + 1
                 return row, False
             if applied > state.applied or exact:
                 return None
             if time.monotonic() - published <= self.max_age_s and version == state.user_version(user):
                 self._rows.move_to_end(user)
-                self._hits += 1
+                self._hits[user] = self._hits.get(user, 0) + 1
                 return row, True
             del self._rows[user]  # it answers in no later state either
+            self._end(user)
             self._bytes -= row.nbytes
             if self.max_age_s > 0:  # a user whose row just aged out: the next miss buys a new one
                 self._missed[user] = 1 << 62
@@ -161,16 +174,14 @@ class UserRows:
             held = self._rows.pop(user, None)
             if held is not None:
                 self._bytes -= held[3].nbytes
+                self._end(user)
             self._rows[user] = (state.applied, state.user_version(user), state.published, row)
             self._missed.pop(user, None)
             self._bytes += row.nbytes
-            self._fills += 1
-            if self._fills >= 2 * self.PAYBACK_FILLS:  # the recent rows count most
-                self._fills /= 2
-                self._hits /= 2
             while self._bytes > self.max_bytes:
-                _, old = self._rows.popitem(last=False)
+                dropped, old = self._rows.popitem(last=False)
                 self._bytes -= old[3].nbytes
+                self._end(dropped)
                 self._evicted = True
 
     def __len__(self) -> int:

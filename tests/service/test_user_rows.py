@@ -42,10 +42,12 @@ def _row(n: int) -> UserRow:
 
 
 def _unread(rows: UserRows, state: FakeState) -> None:
-    """PAYBACK_FILLS rows of other users that nobody reads: rows do not pay back, a return buys none."""
-    for user in range(10_000, 10_000 + UserRows.PAYBACK_FILLS):
+    """PAYBACK_ROWS rows of other users that ended unread (replaced): rows do not pay back, a return buys
+    none."""
+    for user in range(10_000, 10_000 + UserRows.PAYBACK_ROWS):
         rows.put(state, user, _row(10))  # type: ignore[arg-type]
-    assert rows.hits_per_fill == 0
+        rows.put(state, user, _row(10))  # type: ignore[arg-type]  # the first ended unread
+    assert rows.hits_per_row == 0
 
 
 def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> None:
@@ -68,21 +70,28 @@ def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> No
 
 def test_a_return_buys_a_row_while_rows_pay_back() -> None:
     rows, state = UserRows(10**9), FakeState(0)
-    # Before any row was filled: a user's second miss buys one.
+    # Before any row ended: a user's second miss buys one.
     assert [rows.admit(state, 1, 10, 100) for _ in range(2)] == [False, True]  # type: ignore[arg-type]
-    for user in range(UserRows.PAYBACK_FILLS):  # rows read 20 times each: each saved 200 > 100
+    for user in range(UserRows.PAYBACK_ROWS):  # rows read 20 times each, then replaced: each saved 200
         rows.put(state, user, _row(10))  # type: ignore[arg-type]
         for _ in range(20):
             assert rows.get(state, user) is not None  # type: ignore[arg-type]
-    assert rows.hits_per_fill == 20
+        rows.put(state, user, _row(10))  # type: ignore[arg-type]
+    assert rows.hits_per_row == 20
     assert [rows.admit(state, 100, 10, 100) for _ in range(2)] == [False, True]  # type: ignore[arg-type]
-    # Misses that cost more than 1/20 of a row each: the rows' hits did not save a row's cost.
+    # Misses that cost less than 1/20 of a row each: the rows' hits did not save a row's cost.
     assert [rows.admit(state, 101, 10, 300) for _ in range(3)] == [False] * 3  # type: ignore[arg-type]
-    # Rows nobody reads again: the misses must add up to the row's cost.
+    # Rows that ended unread: the misses must add up to the row's cost.
     idle, fresh = UserRows(10**9), FakeState(0)
     _unread(idle, fresh)
     assert [idle.admit(fresh, 500, 10, 100) for _ in range(10)] == [False] * 9 + [True]  # type: ignore[arg-type]
-    # A budget that dropped a row before PAYBACK_FILLS were filled: no return buys one either.
+    # Rows that end with a new state (rows last one state here) count too.
+    one = UserRows(10**9)
+    for k in range(UserRows.PAYBACK_ROWS):
+        one.put(FakeState(k), k, _row(10))  # type: ignore[arg-type]
+    assert one.admit(FakeState(UserRows.PAYBACK_ROWS), 5, 10, 100) is False  # type: ignore[arg-type]
+    assert one.hits_per_row == 0
+    # A budget that dropped a row before PAYBACK_ROWS ended: no return buys one either.
     small = UserRows(2 * _row(10).nbytes)
     for user in range(3):
         small.put(fresh, user, _row(10))  # type: ignore[arg-type]
