@@ -187,8 +187,8 @@ def test_the_online_state_lives_on_a_cluster_across_shards(tiny_artifact: Path, 
     with _app(tiny_artifact, cluster.url, redis_key_prefix=prefix) as restarted:
         assert restarted.metric("dcmc_fold_in_snapshots_total", event="restored") == 1
         assert restarted.metric("dcmc_ratings_applied_total") == 1
-        for user in users:
-            np.testing.assert_allclose(_predict(restarted.client, user), answers[user], rtol=0, atol=1e-9)
+        for user in users:  # (a first answer may come from a row: the catalogue read in float32, ~1e-7)
+            np.testing.assert_allclose(_predict(restarted.client, user), answers[user], rtol=0, atol=1e-6)
     # The trainer reads the stream from the cluster and compacts it there.
     online = read_online_ratings(cluster.url, prefix, levels=LEVELS)
     assert sorted(zip(online.users, online.items, strict=True)) == sorted(
@@ -198,7 +198,7 @@ def test_the_online_state_lives_on_a_cluster_across_shards(tiny_artifact: Path, 
     assert record["trimmed"] == 3 and cluster.client.xlen(stream) == 2
     with _app(tiny_artifact, cluster.url, redis_key_prefix=prefix, snapshot_interval_s=0) as fresh:
         for user in users:
-            np.testing.assert_allclose(_predict(fresh.client, user), answers[user], rtol=0, atol=1e-9)
+            np.testing.assert_allclose(_predict(fresh.client, user), answers[user], rtol=0, atol=1e-6)
 
 
 def test_every_primary_must_be_durable(tiny_artifact: Path, cluster: Cluster) -> None:
