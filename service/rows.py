@@ -56,7 +56,7 @@ class UserRows:
     every answer is of the newest state, and a new state empties the cache.
 
     A row is computed as a ski rental buys (`admit`): once the user's misses have cost what the row costs
-    (counted per state where rows last one state), or on the user's second miss (a return: the first was
+    (counted per state where rows last one state; never on the first miss), or on the user's second miss (a return: the first was
     counted) while rows pay back: while the rows that ended lately (aged out, dropped by the budget, of an
     old state, replaced) had, over their lives, hits that saved what a row costs (each hit about a miss).
     Until PAYBACK_ROWS rows have ended, a return buys one unless the budget has dropped a row. A user who
@@ -156,7 +156,7 @@ class UserRows:
                 return False
             earlier = self._missed.get(user)
             spent = (earlier or 0) + cost
-            if spent >= row_cost:
+            if earlier is not None and spent >= row_cost:  # a user seen once may never come back
                 return True
             if earlier is not None and self._pays_back(cost, row_cost):  # a return, and rows pay back
                 return True

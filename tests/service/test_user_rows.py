@@ -57,7 +57,7 @@ def test_a_row_is_computed_once_the_misses_of_a_state_add_up_to_its_size() -> No
     assert not rows.admit(state, 7, 40, 100)  # type: ignore[arg-type]  # 80 of the row's 100 entries
     assert not rows.admit(state, 8, 90, 100)  # type: ignore[arg-type]  # each user's misses on their own
     assert rows.admit(state, 7, 40, 100)  # type: ignore[arg-type]  # 120 >= 100: the row is worth it
-    assert rows.admit(state, 9, 100, 100)  # type: ignore[arg-type]  # a whole-catalogue miss at once
+    assert not rows.admit(state, 9, 100, 100)  # type: ignore[arg-type]  # a first miss never buys
     rows.put(state, 7, _row(10))  # type: ignore[arg-type]
     assert rows.get(state, 7) is not None  # type: ignore[arg-type]
     newer = FakeState(1)
