@@ -56,9 +56,10 @@ class UserRows:
     every answer is of the newest state, and a new state empties the cache.
 
     A row is computed as a ski rental buys (`admit`): once the user's misses have cost what the row costs
-    (counted per state where rows last one state; never on the first miss), or on the user's second miss (a return: the first was
-    counted) while rows pay back: while the rows that ended lately (aged out, dropped by the budget, of an
-    old state, replaced) had, over their lives, hits that saved what a row costs (each hit about a miss).
+    (counted per state where rows last one state; never on the first miss), or on the user's second miss
+    (a return: the first was counted) while rows pay back: while the rows that ended lately (aged out,
+    dropped by the budget, of an old state, replaced) had, over their lives, hits that saved what a row
+    costs (each hit about a miss).
     Until PAYBACK_ROWS rows have ended, a return buys one unless the budget has dropped a row. A user who
     keeps coming back gets a row on the second request, and a new one on the first miss after it aged
     out; when rows die unread (states that last a fraction of a second, a budget that holds a few rows of
