@@ -84,8 +84,10 @@ class UserRows:
         self._ended_hits = 0.0
         self._evicted = False  # whether the budget ever dropped a row
 
-    def _end(self, user: int) -> None:
-        """Count the end of `user`'s row (already taken out of `_rows`) with its lifetime hits."""
+    def _take(self, user: int) -> None:
+        """Take `user`'s held row out, counting its end with its lifetime hits."""
+        _, _, _, row = self._rows.pop(user)
+        self._bytes -= row.nbytes
         self._ended += 1
         self._ended_hits += self._hits.pop(user, 0)
         if self._ended >= 2 * self.PAYBACK_ROWS:  # the recent rows count most
@@ -113,11 +115,9 @@ class UserRows:
         if state.applied > self._newest:
             self._newest = state.applied
             if self.max_age_s <= 0:
-                for user in self._rows:
-                    self._end(user)
-                self._rows.clear()
+                for user in list(self._rows):
+                    self._take(user)
                 self._missed.clear()
-                self._bytes = 0
         return True
 
     def get(self, state: OnlineState, user: int, exact: bool = False) -> tuple[UserRow, bool] | None:
@@ -128,19 +128,16 @@ class UserRows:
             if held is None:
                 return None
             applied, version, published, row = held
-            if applied == state.applied:
-                self._rows.move_to_end(user)
-                self._hits[user] = self._hits.get(user, 0) + 1
-                return row, False
-            if applied > state.applied or exact:
+            if applied > state.applied or (exact and applied != state.applied):
                 return None
-            if time.monotonic() - published <= self.max_age_s and version == state.user_version(user):
+            earlier = applied != state.applied
+            if not earlier or (
+                time.monotonic() - published <= self.max_age_s and version == state.user_version(user)
+            ):
                 self._rows.move_to_end(user)
                 self._hits[user] = self._hits.get(user, 0) + 1
-                return row, True
-            del self._rows[user]  # it answers in no later state either
-            self._end(user)
-            self._bytes -= row.nbytes
+                return row, earlier
+            self._take(user)  # it answers in no later state either
             if self.max_age_s > 0:  # a user whose row just aged out: the next miss buys a new one
                 self._missed[user] = 1 << 62
             return None
@@ -155,15 +152,12 @@ class UserRows:
         with self._lock:
             if not self._seen(state):
                 return False
-            earlier = self._missed.get(user)
-            spent = (earlier or 0) + cost
-            if earlier is not None and spent >= row_cost:  # a user seen once may never come back
-                return True
-            if earlier is not None and self._pays_back(cost, row_cost):  # a return, and rows pay back
+            earlier = self._missed.get(user)  # None: a first miss (a user seen once may never come back)
+            if earlier is not None and (earlier + cost >= row_cost or self._pays_back(cost, row_cost)):
                 return True
             if len(self._missed) >= 1_000_000:  # bounded even under a scan of many users
                 self._missed.clear()
-            self._missed[user] = spent
+            self._missed[user] = (earlier or 0) + cost
             return False
 
     def put(self, state: OnlineState, user: int, row: UserRow) -> None:
@@ -172,17 +166,13 @@ class UserRows:
         with self._lock:
             if row.nbytes > self.max_bytes or not self._seen(state):
                 return
-            held = self._rows.pop(user, None)
-            if held is not None:
-                self._bytes -= held[3].nbytes
-                self._end(user)
+            if user in self._rows:
+                self._take(user)
             self._rows[user] = (state.applied, state.user_version(user), state.published, row)
             self._missed.pop(user, None)
             self._bytes += row.nbytes
             while self._bytes > self.max_bytes:
-                dropped, old = self._rows.popitem(last=False)
-                self._bytes -= old[3].nbytes
-                self._end(dropped)
+                self._take(next(iter(self._rows)))  # the least recently used
                 self._evicted = True
 
     def __len__(self) -> int:
