@@ -37,51 +37,11 @@ from service.memory import release_memory
 from service.metrics import Metrics
 from service.online import Durability, NotDurable, RatingLog
 from service.replication import FoldInFailed, Replica, changes_of, dismissals_of, entries_of
-from service.rows import UserRow, UserRows
+from service.rows import Costs, UserRow, UserRows
 from service.settings import Settings, inference_overrides
 from service.snapshot import SnapshotStore, fingerprint
 
 log = logging.getLogger(__name__)
-
-MISS_FIXED_ITEMS = 40
-"""What a miss costs besides its items, in items' worth, for the ski rental's estimate of a miss from the
-measured ones (`Costs`): on ML-100K in process (two settings averaged, the fused path) 10 items 0.11 ms
-and 100 items 0.30 ms, so about 2.1 us an item and 0.085 ms (~40 items) a call."""
-
-
-class Costs:
-    """What this worker's misses and rows have cost lately, measured (moving averages of seconds): the
-    ski rental's prices (`UserRows.admit`), whatever the machine, the artifact and the path that answered.
-    A miss is estimated per item (with MISS_FIXED_ITEMS for its fixed part); until one is measured, a
-    row is priced as 17 misses of 100 items."""
-
-    def __init__(self, per_item: float = 0.0, row: float = 0.0, learning: bool = True) -> None:
-        self.per_item = per_item  # seconds a miss costs per item (MISS_FIXED_ITEMS more a call)
-        self.row = row  # seconds a row costs
-        self.learning = learning
-        """Whether measured misses and rows move the prices (set prices stay: a test's)."""
-
-    def miss(self, items: int) -> float:
-        """The estimated seconds of a miss asking for `items`."""
-        return self.per_item * (items + MISS_FIXED_ITEMS)
-
-    def row_price(self) -> float:
-        """The estimated seconds of a row over the catalogue."""
-        return self.row if self.row > 0 else self.per_item * 17 * (100 + MISS_FIXED_ITEMS)
-
-    def missed(self, items: int, seconds: float) -> None:
-        """Count a measured miss."""
-        if not self.learning:
-            return
-        rate = seconds / (items + MISS_FIXED_ITEMS)
-        self.per_item = rate if self.per_item <= 0 else 0.95 * self.per_item + 0.05 * rate
-
-    def filled(self, seconds: float) -> None:
-        """Count a measured row."""
-        if not self.learning:
-            return
-        self.row = seconds if self.row <= 0 else 0.9 * self.row + 0.1 * seconds
-
 
 EXPLAIN_BYTES = 64 * 2**20
 """Memory an explanation takes at most per call into the scorer: each explained item reads its similarities

@@ -22,7 +22,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.main import create_app
-from service.scoring import MISS_FIXED_ITEMS, Costs
+from service.rows import MISS_FIXED_ITEMS, Costs
 from service.settings import Settings
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ def serve_argv(artifacts: Path | str, port: int, workers: int = 1) -> list[str]:
 
 
 def set_prices(api: App, misses_per_row: int, asked: int) -> None:
-    """Fix the ski rental's prices (`service.scoring.Costs`, else measured): a row costs `misses_per_row`
+    """Fix the ski rental's prices (`service.rows.Costs`, else measured): a row costs `misses_per_row`
     misses of `asked` items, so a test knows which request computes it."""
     scorer = api.client.app.state.scorer  # type: ignore[attr-defined]
     scorer.costs = Costs(1.0, misses_per_row * (asked + MISS_FIXED_ITEMS), learning=False)
